@@ -1,0 +1,99 @@
+"""Collection: `matrix.toml` -> one collector per hardware -> one Function item per cell.
+
+Items are real `pytest.Function`s calling `rlk_matrix_cell`, so fixtures (overridable in a
+conftest), `record_property`, `-k`, `-m` and other plugins work as on any test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_rlkernel_matrix.cells import Cell, expand
+
+if TYPE_CHECKING:
+    pass
+
+SESSION_KEY = pytest.StashKey["MatrixSession"]()
+CELL_KEY = pytest.StashKey[Cell]()
+RECORD_KEY = pytest.StashKey[dict[str, Any]]()
+
+
+class CellFailed(Exception):
+    """A cell whose verdict fails under the session's mode."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__(record["verdict"])
+        self.record = record
+
+
+def rlk_matrix_cell(
+    request: pytest.FixtureRequest,
+    rlk_cell: Cell,
+    rlk_mode: str,
+    rlk_preflight: dict[str, Any],
+    rlk_artifact_dir: Any,
+    record_property: Any,
+) -> None:
+    """Run one matrix cell (or reuse the run it shares) and judge it under `rlk_mode`."""
+    session = request.config.stash[SESSION_KEY]
+    hook = request.config.hook.pytest_rlk_cell_env
+
+    def env_hook(cell: Cell, env: dict[str, str]) -> None:
+        hook(config=request.config, cell=cell, env=env)
+
+    record = session.run_cell(rlk_cell, mode=rlk_mode, env_hook=env_hook)
+    request.node.stash[RECORD_KEY] = record
+    record_property("rlk_verdict", record["verdict"])
+    record_property("rlk_artifact_dir", record.get("artifact_dir"))
+    if record["verdict"] == "not_run":
+        pytest.skip(record["reasons"][0])
+    if record["failed"]:
+        raise CellFailed(record)
+
+
+class MatrixItem(pytest.Function):
+    """One (hardware, module, case) cell."""
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.parent.name}::{self.name}"
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, CellFailed):
+            rec = excinfo.value.record
+            lines = [f"{rec['hardware']} {rec['module']} {rec['case']}: verdict "
+                     f"{rec['verdict']} (mode {rec.get('mode')})"]
+            lines += [f"  - {r}" for r in rec.get("reasons", [])]
+            if rec.get("artifact_dir"):
+                lines.append(f"  artifacts: {rec['artifact_dir']}")
+            return "\n".join(lines)
+        return super().repr_failure(excinfo, style=style)
+
+
+class HardwareNode(pytest.Collector):
+    """All cells of one hardware profile."""
+
+    def collect(self) -> Iterator[MatrixItem]:
+        session = self.config.stash[SESSION_KEY]
+        for cell in expand(session.matrix.matrix, [self.name], session.layout):
+            item = MatrixItem.from_parent(self, name=cell.name, callobj=rlk_matrix_cell)
+            item.stash[CELL_KEY] = cell
+            item.add_marker(pytest.mark.rlk_hardware(cell.hardware, name=cell.hardware))
+            item.add_marker(pytest.mark.rlk_module(cell.module, name=cell.module))
+            item.add_marker(pytest.mark.rlk_case(cell.case, case=cell.case))
+            if cell.is_baseline:
+                item.add_marker(pytest.mark.rlk_baseline)
+            item.extra_keyword_matches.update({cell.hardware, cell.module, cell.case,
+                                               cell.case.replace("/", "")})
+            yield item
+
+
+class MatrixFileNode(pytest.File):
+    """`matrix.toml`: one child per hardware profile in use."""
+
+    def collect(self) -> Iterator[HardwareNode]:
+        session = self.config.stash[SESSION_KEY]
+        for name in session.hardware:
+            yield HardwareNode.from_parent(self, name=name)

@@ -1,0 +1,1 @@
+"""Optional integrations, each registered only when its plugin is active (pytest-randomly style)."""

@@ -1,0 +1,227 @@
+"""The `matrix.toml` schema (pydantic v2) and its loader.
+
+Every model forbids unknown keys, so a typo is an error naming the file and key path, not a
+silently ignored setting. `load_matrix` turns a bad file into `MatrixFileError`, which the plugin
+raises as a pytest usage error (one paragraph, no traceback).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pytest_rlkernel_matrix.terms import CASES, MODULES
+
+Module = Literal["attention", "ffn", "logp"]
+Mode = Literal["strict", "audit", "auto", "off"]
+Layout = Literal["pairwise", "reduced", "module-factorial", "full"]
+Backend = Literal["cuda", "rocm", "cpu"]
+
+_CASE_RE = re.compile(r"^[PR]/[PR]$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+class MatrixFileError(Exception):
+    """A matrix file that cannot be used; the message names the file and the key path."""
+
+
+def normalize_case(value: object) -> str:
+    """Parse a case the way RL-Kernel does (`strip().upper()`): `p/r` -> `P/R`."""
+    if not isinstance(value, str):
+        raise ValueError(f"a case is a string like 'P/R', got {type(value).__name__}")
+    case = value.strip().upper()
+    if not _CASE_RE.match(case):
+        raise ValueError(
+            f"{value!r} is not a case: expected one of {', '.join(CASES)} "
+            "(first letter = training side, second = rollout side; P = production, R = RL-Kernel)"
+        )
+    return case
+
+
+Case = Annotated[str, Field(description="training/rollout, e.g. 'P/R'")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MatrixSection(_Strict):
+    """`[matrix]`: what the matrix varies and how it is judged by default."""
+
+    name: str = "rl-kernel-ablation"
+    modules: tuple[Module, ...] = MODULES
+    cases: tuple[Case, ...] = CASES
+    fixed_case: Case = "R/R"
+    layout: Layout = "pairwise"
+    mode: Mode = "audit"
+    aligned: bool = True
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _cases(cls, value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            return tuple(normalize_case(v) for v in value)
+        return value
+
+    @field_validator("fixed_case", mode="before")
+    @classmethod
+    def _fixed(cls, value: object) -> str:
+        return normalize_case(value)
+
+    @field_validator("modules", "cases")
+    @classmethod
+    def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("must name at least one entry")
+        if len(set(value)) != len(value):
+            raise ValueError(f"entries must be unique, got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _baseline(self) -> MatrixSection:
+        if "R/R" not in self.cases:
+            raise ValueError(
+                "cases must include 'R/R': it is the aligned baseline every other cell is "
+                "compared against and is never omitted"
+            )
+        return self
+
+
+class RunnerSection(_Strict):
+    """`[runner]`: the command one cell runs, in a fresh process per cell."""
+
+    command: str | tuple[str, ...] = Field(
+        description="a string run with `bash -c` (so $VIME_ROOT expands) or a list run as argv"
+    )
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float = Field(default=1800.0, gt=0, description="seconds; the process group is killed")
+
+    @field_validator("command")
+    @classmethod
+    def _nonempty(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("command is empty")
+        if isinstance(value, tuple) and (not value or not all(value)):
+            raise ValueError("command list is empty or holds an empty argument")
+        return value
+
+
+class HardwareMatch(_Strict):
+    """How a machine is recognised: regexes over what the tools report, never a guess."""
+
+    device_name: str | None = Field(default=None, description="regex over NVIDIA/torch names")
+    marketing_name: str | None = Field(default=None, description="regex over rocminfo names")
+    gfx_arch: tuple[str, ...] | None = Field(default=None, description="runtime gfx archs")
+
+    @field_validator("device_name", "marketing_name")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
+
+
+class Topology(_Strict):
+    """Parallelism and placement the runs use; checked against the GPU count in preflight."""
+
+    tp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    placement: Literal["colocate", "disaggregated"] = "colocate"
+
+
+class ExpectedGap(_Strict):
+    """A cell the profile expects not to be supported (like xfail)."""
+
+    module: Module | Literal["*"] = "*"
+    case: Case = "*"
+    reason: str = ""
+
+    @field_validator("case", mode="before")
+    @classmethod
+    def _case(cls, value: object) -> str:
+        return "*" if value == "*" else normalize_case(value)
+
+
+class HardwareProfile(_Strict):
+    """`[hardware.<name>]`: one machine kind."""
+
+    backend: Backend
+    description: str = ""
+    match: HardwareMatch = Field(default_factory=HardwareMatch)
+    env: dict[str, str] = Field(default_factory=dict)
+    topology: Topology = Field(default_factory=Topology)
+    expect_unsupported: tuple[ExpectedGap, ...] = ()
+
+
+class MatrixFile(_Strict):
+    """The whole `matrix.toml`."""
+
+    matrix: MatrixSection = Field(default_factory=MatrixSection)
+    runner: RunnerSection
+    hardware: dict[str, HardwareProfile]
+
+    @field_validator("hardware")
+    @classmethod
+    def _names(cls, value: dict[str, HardwareProfile]) -> dict[str, HardwareProfile]:
+        if not value:
+            raise ValueError("declare at least one [hardware.<name>] profile")
+        for name in value:
+            if not _NAME_RE.match(name):
+                raise ValueError(
+                    f"profile name {name!r} must be lower-case letters, digits, '.', '_' or '-'"
+                )
+        return value
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "<top level>"
+
+
+def format_validation_error(path: Path, error: ValidationError) -> str:
+    """One paragraph: file, then `key.path: what was expected (got ...)` per problem."""
+    lines = [f"{path}: invalid matrix file ({error.error_count()} problem(s)):"]
+    for item in error.errors(include_url=False):
+        loc = _loc(tuple(item["loc"]))
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key (not part of the matrix.toml schema)"
+        elif item["type"] == "missing":
+            msg = "required key is missing"
+        got = item.get("input")
+        shown = "" if item["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else (
+            f" (got {got!r})"
+        )
+        lines.append(f"  {loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def load_matrix(path: Path) -> MatrixFile:
+    """Read and validate a matrix file; every failure is a `MatrixFileError`."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise MatrixFileError(f"{path}: cannot read matrix file: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise MatrixFileError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return MatrixFile.model_validate(data)
+    except ValidationError as exc:
+        raise MatrixFileError(format_validation_error(path, exc)) from None

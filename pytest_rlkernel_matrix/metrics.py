@@ -1,0 +1,140 @@
+"""Active-token logprob drift metrics, vectorised with numpy.
+
+`d = rollout - train` per active token (loss mask = 1). `mismatch_count` uses `!=` (so -0.0 equals
++0.0, and NaN never equals anything); `bitwise_mismatch_count` compares the raw bytes.
+`mismatch_kl` is mean(-d) and `mismatch_k3_kl` is mean(e^d - d - 1), as RL-Kernel reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+WORST_TOKENS = 10
+
+
+@dataclass
+class Sample:
+    """One sample's response logprobs from both sides, already masked-aligned."""
+
+    train: np.ndarray
+    rollout: np.ndarray
+    mask: np.ndarray
+    sample: int
+    rank: int = 0
+    tokens: np.ndarray | None = None
+
+
+@dataclass
+class DriftMetrics:
+    """What the report carries about train/rollout logprob drift."""
+
+    active_token_count: int = 0
+    sample_count: int = 0
+    rank_count: int = 0
+    logprob_abs_diff_mean: float | None = None
+    logprob_abs_diff_max: float | None = None
+    logprob_abs_diff_p50: float | None = None
+    logprob_abs_diff_p90: float | None = None
+    logprob_abs_diff_p99: float | None = None
+    mismatch_count: int = 0
+    bitwise_mismatch_count: int = 0
+    mismatch_fraction: float | None = None
+    mismatch_kl: float | None = None
+    mismatch_k3_kl: float | None = None
+    nonfinite_count: int = 0
+    worst_tokens: list[dict[str, object]] = field(default_factory=list)
+    first_mismatch: list[dict[str, int]] = field(default_factory=list)
+    histogram: dict[str, list[float]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    width = a.dtype.itemsize
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}.get(width, np.uint8))
+
+
+def compute(samples: Sequence[Sample]) -> DriftMetrics:
+    """Metrics over the active tokens of all samples."""
+    out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
+    if not samples:
+        return out
+    lengths = np.array([int(np.count_nonzero(s.mask)) for s in samples], dtype=np.int64)
+    active = [s.mask.astype(bool) for s in samples]
+    train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
+    roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
+    n = int(train.size)
+    out.active_token_count = n
+    if n == 0:
+        return out
+    neq = train != roll
+    out.mismatch_count = int(np.count_nonzero(neq))
+    if train.dtype == roll.dtype:
+        out.bitwise_mismatch_count = int(np.count_nonzero(_bits(train) != _bits(roll)))
+    else:
+        out.bitwise_mismatch_count = n
+    d = roll.astype(np.float64) - train.astype(np.float64)
+    finite = np.isfinite(d)
+    out.nonfinite_count = int(n - np.count_nonzero(finite))
+    ad = np.abs(d[finite])
+    out.mismatch_fraction = out.mismatch_count / n
+    if ad.size:
+        df = d[finite]
+        out.logprob_abs_diff_mean = float(ad.mean())
+        out.logprob_abs_diff_max = float(ad.max())
+        p50, p90, p99 = np.percentile(ad, PERCENTILES)
+        out.logprob_abs_diff_p50, out.logprob_abs_diff_p90 = float(p50), float(p90)
+        out.logprob_abs_diff_p99 = float(p99)
+        out.mismatch_kl = float(np.mean(-df))
+        with np.errstate(over="ignore"):
+            out.mismatch_k3_kl = float(np.mean(np.expm1(df) - df))
+        if ad.max() > 0:
+            counts, edges = np.histogram(np.log10(ad[ad > 0]), bins=20)
+            out.histogram = {"log10_abs_diff_edges": edges.tolist(),
+                             "counts": counts.tolist(), "zero": int(ad.size - np.count_nonzero(ad))}
+    _worst(out, samples, active, lengths, d, neq)
+    return out
+
+
+def _worst(
+    out: DriftMetrics,
+    samples: Sequence[Sample],
+    active: Sequence[np.ndarray],
+    lengths: np.ndarray,
+    d: np.ndarray,
+    neq: np.ndarray,
+) -> None:
+    """Largest |d| tokens and each sample's first mismatching position."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    score = np.where(np.isfinite(d), np.abs(d), np.inf)
+    k = min(WORST_TOKENS, score.size)
+    top = np.argpartition(-score, k - 1)[:k]
+    top = top[np.argsort(-score[top], kind="stable")]
+    positions = [np.flatnonzero(m) for m in active]
+    for flat in top.tolist():
+        if score[flat] == 0:
+            break
+        i = int(np.searchsorted(offsets, flat, side="right") - 1)
+        s = samples[i]
+        pos = int(positions[i][flat - offsets[i]])
+        entry: dict[str, object] = {
+            "sample": s.sample, "rank": s.rank, "position": pos,
+            "train_logprob": float(s.train[pos]), "rollout_logprob": float(s.rollout[pos]),
+            "abs_diff": float(score[flat]),
+        }
+        if s.tokens is not None and pos < s.tokens.size:
+            entry["token_id"] = int(s.tokens[pos])
+        out.worst_tokens.append(entry)
+    for i, s in enumerate(samples):
+        seg = neq[offsets[i]:offsets[i + 1]]
+        hit = np.flatnonzero(seg)
+        if hit.size:
+            out.first_mismatch.append(
+                {"sample": s.sample, "rank": s.rank, "position": int(positions[i][hit[0]]),
+                 "active_tokens": int(lengths[i])}
+            )

@@ -1,0 +1,295 @@
+"""pytest hooks and options: thin wiring around `session`, `collect`, `report`.
+
+Loaded in every pytest session through the `pytest11` entry point, so it imports nothing heavy:
+no torch, vllm or megatron; the matrix is only loaded when a matrix file is being collected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_rlkernel_matrix import hooks
+from pytest_rlkernel_matrix.cells import Cell
+from pytest_rlkernel_matrix.collect import (
+    CELL_KEY,
+    RECORD_KEY,
+    SESSION_KEY,
+    MatrixFileNode,
+    MatrixItem,
+)
+from pytest_rlkernel_matrix.terms import LAYOUTS, MODES
+
+if TYPE_CHECKING:
+    from pytest_rlkernel_matrix.session import MatrixSession
+
+PREFLIGHT_FILE = "preflight.json"
+
+MARKERS = (
+    "rlk_hardware(name): matrix cell on this hardware profile",
+    "rlk_module(name): matrix cell varying this module (attention, ffn, logp)",
+    "rlk_case(case): matrix cell of this training/rollout case, e.g. 'P/R'",
+    "rlk_baseline: the aligned R/R baseline cell (all modules R/R)",
+    "rlk_verdict(word): added after a cell ran: valid, unsupported, fallback, ...",
+)
+LETTERS = {"valid": ".", "unsupported": "u", "fallback": "b", "contract_mismatch": "c",
+           "incomparable": "i", "error": "e"}
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hooks)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rlkernel-matrix", "RL-Kernel train/rollout ablation matrix")
+    group.addoption("--rlk-matrix", metavar="PATH", default=None,
+                    help="matrix file to run (default: the rlk_matrix ini value, matrix.toml)")
+    group.addoption("--rlk-hardware", metavar="NAME[,NAME]", default=None,
+                    help="hardware profile(s) to run; default: the profile preflight detects")
+    group.addoption("--rlk-mode", choices=MODES, default=None,
+                    help="strict|audit|auto|off (default: [matrix] mode)")
+    group.addoption("--rlk-layout", choices=LAYOUTS, default=None,
+                    help="pairwise|reduced|module-factorial|full (default: [matrix] layout)")
+    group.addoption("--rlk-matrix-root", metavar="DIR", default=None,
+                    help="output directory (default: $MATRIX_ROOT or "
+                    "outputs/rlkernel/ablation-matrix-$MATRIX_STAMP next to the matrix file)")
+    group.addoption("--rlk-plan", action="store_true", default=False,
+                    help="print each cell's env and command; run nothing")
+    parser.addini("rlk_matrix", "matrix file collected by default", default="matrix.toml")
+
+
+def _matrix_path(config: pytest.Config) -> tuple[Path, bool]:
+    option = config.getoption("rlk_matrix")
+    if option:
+        return Path(option).expanduser().resolve(), True
+    return (config.rootpath / str(config.getini("rlk_matrix"))).resolve(), False
+
+
+def _in_play(config: pytest.Config, path: Path) -> bool:
+    """Will this session collect the matrix file? (an arg is the file or a folder above it)."""
+    for arg in config.args:
+        target = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if target == path or target in path.parents:
+            return True
+    return False
+
+
+def _hardware(config: pytest.Config, matrix: Any, path: Path,
+              plan: bool) -> tuple[list[str], dict[str, Any]]:
+    from pytest_rlkernel_matrix import preflight as pf
+
+    asked = config.getoption("rlk_hardware")
+    names = [n.strip() for n in asked.split(",") if n.strip()] if asked else []
+    unknown = [n for n in names if n not in matrix.hardware]
+    if unknown:
+        raise pytest.UsageError(
+            f"{path}: --rlk-hardware names {', '.join(unknown)}, but the file declares only "
+            f"[hardware.{'], [hardware.'.join(matrix.hardware)}]"
+        )
+    if plan and names:
+        return names, {}
+    profile_topology = matrix.hardware[names[0]].topology.model_dump() if names else None
+    data = pf.collect_preflight(topology=profile_topology)
+    detected = pf.detect_hardware(data, matrix.hardware)
+    gpu = data.get("gpu", {})
+    seen = f"backend {gpu.get('backend', '?')}, GPUs: {', '.join(gpu.get('names') or []) or 'none'}"
+    if not names:
+        if detected is None:
+            raise pytest.UsageError(
+                f"{path}: no [hardware.<name>] profile matches this machine ({seen}); "
+                "add a profile or pass --rlk-hardware with --rlk-plan"
+            )
+        names = [detected]
+    elif not plan:
+        foreign = [n for n in names if n != detected]
+        if foreign:
+            raise pytest.UsageError(
+                f"--rlk-hardware={','.join(foreign)}: this machine is detected as "
+                f"{detected or 'no profile of ' + str(path)} ({seen}); a cell can only run on "
+                "the hardware it names. Use --rlk-plan to print the commands for other hardware."
+            )
+    return names, data
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    path, explicit = _matrix_path(config)
+    if explicit and config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = [str(path)]
+    elif explicit and not _in_play(config, path):
+        config.args.append(str(path))
+    if not _in_play(config, path):
+        return
+    # Heavy imports (pydantic, numpy) only in sessions that run a matrix.
+    from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
+    from pytest_rlkernel_matrix.report import write_json_atomic
+    from pytest_rlkernel_matrix.session import MatrixSession, default_root
+
+    try:
+        matrix = load_matrix(path)
+    except MatrixFileError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    plan = bool(config.getoption("rlk_plan"))
+    mode = config.getoption("rlk_mode") or matrix.matrix.mode
+    layout = config.getoption("rlk_layout") or matrix.matrix.layout
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and "rlk" in worker:
+        shared = worker["rlk"]
+        session = MatrixSession(matrix=matrix, matrix_path=path, root=Path(shared["root"]),
+                                hardware=list(shared["hardware"]), mode=mode, layout=layout,
+                                token=shared["token"], created=shared["created"])
+        session.fingerprints = dict(shared["fingerprints"])
+        pre = session.root / PREFLIGHT_FILE
+        session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
+    else:
+        root = default_root(path, config.getoption("rlk_matrix_root"), os.environ)
+        hardware, data = _hardware(config, matrix, path, plan)
+        session = MatrixSession(matrix=matrix, matrix_path=path, root=root, hardware=hardware,
+                                mode=mode, layout=layout, plan=plan, preflight=data)
+        if data:
+            from pytest_rlkernel_matrix import preflight as pf
+
+            hw_fp, build_fp = pf.fingerprint(data)
+            session.fingerprints = {"hardware_fingerprint": hw_fp, "build_fingerprint": build_fp}
+        if not plan:
+            for name in (PREFLIGHT_FILE, "matrix-report.json"):
+                if (root / name).exists():
+                    raise pytest.UsageError(
+                        f"matrix root {root} already holds {name} from another session: "
+                        "artifacts are never overwritten; pass a new --rlk-matrix-root or "
+                        "MATRIX_STAMP"
+                    )
+            root.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(root / PREFLIGHT_FILE, data)
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(MatrixHooks(config, session), "rlk-matrix-session")
+    if config.pluginmanager.hasplugin("xdist"):
+        from pytest_rlkernel_matrix.integrations import xdist
+
+        config.pluginmanager.register(xdist.XdistIntegration(session), "rlk-xdist")
+
+
+def _session(config: pytest.Config) -> MatrixSession | None:
+    return config.stash.get(SESSION_KEY, None)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    session = _session(parent.config)
+    if session is not None and file_path.resolve() == session.matrix_path:
+        return MatrixFileNode.from_parent(parent, path=file_path)
+    return None
+
+
+class MatrixHooks:
+    """Hooks active only in sessions that collect a matrix file (registered per session)."""
+
+    def __init__(self, config: pytest.Config, session: MatrixSession) -> None:
+        self.config = config
+        self.session = session
+        self.is_worker = hasattr(config, "workerinput")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        ms = self.session
+        cells = [item.stash[CELL_KEY] for item in items if isinstance(item, MatrixItem)]
+        ms.set_selected(cells)
+        if ms.plan:
+            writer = self.config.get_terminal_writer()
+            writer.line("")
+            writer.line(f"# rlk plan: {len(cells)} cells, matrix root {ms.root}")
+            writer.line(ms.plan_text(cells, ms.mode))
+            matrix_items = [i for i in items if isinstance(i, MatrixItem)]
+            self.config.hook.pytest_deselected(items=matrix_items)
+            items[:] = [i for i in items if not isinstance(i, MatrixItem)]
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item) -> Any:
+        report = yield
+        if isinstance(item, MatrixItem) and report.when == "call":
+            record = item.stash.get(RECORD_KEY, None)
+            if record is not None:
+                report.rlk_verdict = record["verdict"]
+                report.rlk_record = record
+                item.add_marker(pytest.mark.rlk_verdict(record["verdict"]))
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = getattr(report, "rlk_record", None)
+        if record is None or self.is_worker:
+            return
+        self.session.add_record(report.nodeid, record)
+        self.config.hook.pytest_rlk_cell_record(config=self.config, record=record)
+        self.session.write_report()
+
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
+        verdict = getattr(report, "rlk_verdict", None)
+        if verdict is None or report.when != "call" or verdict == "not_run":
+            return None
+        letter = LETTERS.get(verdict, "?")
+        if report.failed:
+            markup = {"red": True}
+        else:
+            markup = {"green": True} if verdict == "valid" else {"yellow": True}
+        return verdict, letter.upper() if report.failed else letter, (verdict.upper(), markup)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        ms = self.session
+        if ms.plan or self.is_worker or not ms.records:
+            return
+        tr = terminalreporter
+        from pytest_rlkernel_matrix.report import table
+
+        tr.section("rlk matrix")
+        for line in table(list(ms.records.values())):
+            tr.write_line(line)
+        bad = [r for r in ms.records.values() if r["verdict"] not in ("valid", "not_run")]
+        for rec in sorted(bad, key=lambda r: (r["hardware"], r["module"], r["case"])):
+            state = "FAILED" if rec.get("failed") else "recorded"
+            tr.write_line(f"{rec['hardware']} {rec['module']} {rec['case']}: {rec['verdict']} "
+                          f"({state})")
+            for reason in rec.get("reasons", [])[:6]:
+                tr.write_line(f"    {reason}")
+        tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        ms = self.session
+        if self.is_worker:
+            return
+        if ms.plan:
+            if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+                session.exitstatus = pytest.ExitCode.OK
+            return
+        ms.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+        ms.write_report()
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rlk_cell(request: pytest.FixtureRequest) -> Cell:
+    """The matrix cell this item runs (hardware, module, case, effective cases)."""
+    return request.node.stash[CELL_KEY]
+
+
+@pytest.fixture
+def rlk_mode(request: pytest.FixtureRequest) -> str:
+    """strict | audit | auto | off: `--rlk-mode`, else the matrix file's `[matrix] mode`."""
+    return request.config.stash[SESSION_KEY].mode
+
+
+@pytest.fixture(scope="session")
+def rlk_preflight(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """This session's preflight fingerprint (also saved as `<matrix-root>/preflight.json`)."""
+    return request.config.stash[SESSION_KEY].preflight
+
+
+@pytest.fixture
+def rlk_artifact_dir(request: pytest.FixtureRequest, rlk_cell: Cell) -> Path:
+    """The cell's run directory; cells naming the same run share it. Never overwritten."""
+    return request.config.stash[SESSION_KEY].run_dir(rlk_cell)

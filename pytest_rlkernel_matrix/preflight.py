@@ -1,0 +1,810 @@
+"""Preflight: record the machine, software and inputs a matrix run depends on.
+
+Nothing here imports torch, vllm or megatron: Python-side facts come from ``_probe.py`` run in
+the target interpreter as a subprocess, hardware facts from ``nvidia-smi``/``rocminfo``/
+``rocm-smi`` and repository state from ``git``. Missing tools and packages are recorded as
+missing, timeouts as timeouts; nothing here needs a GPU or raises for an absent one. Parsers are
+pure functions over captured text. gfx archs are only ever taken from what the runtime reports,
+never inferred from a product name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "collect_preflight",
+    "detect_hardware",
+    "fingerprint",
+    "fingerprint_model_dir",
+    "parse_nvidia_query",
+    "parse_nvidia_smi_L",
+    "parse_rocm_smi",
+    "parse_rocminfo",
+    "parse_topo",
+    "run_command",
+]
+
+SCHEMA_VERSION = "rlkernel.preflight.v1"
+PROBE_SCRIPT = Path(__file__).with_name("_probe.py")
+# Runs the probe file with neither the cwd nor this package's directory on sys.path.
+PROBE_BOOTSTRAP = (
+    "import runpy, sys; sys.path[:] = [p for p in sys.path if p]; "
+    "runpy.run_path(sys.argv[1], run_name='__main__')"
+)
+REPO_VARS: tuple[tuple[str, str], ...] = (
+    ("vime", "VIME_ROOT"),
+    ("rl_kernel", "RL_KERNEL_ROOT"),
+    ("megatron", "MEGATRON_ROOT"),
+)
+# name -> argv; commands of one tool are skipped once that tool has timed out.
+COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("nvidia-smi-L", ("nvidia-smi", "-L")),
+    ("nvidia-smi-topo", ("nvidia-smi", "topo", "-m")),
+    (
+        "nvidia-smi-query",
+        ("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"),
+    ),
+    ("rocminfo", ("rocminfo",)),
+    ("rocm-smi", ("rocm-smi",)),
+    (
+        "rocm-smi-info",
+        ("rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram"),
+    ),
+    ("hipconfig-version", ("hipconfig", "--version")),
+)
+ENV_NAMES = frozenset(
+    {
+        "PYTHONPATH",
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "CUDA_HOME",
+        "ROCM_HOME",
+        "ROCM_PATH",
+        "HIP_PATH",
+        "PYTORCH_ROCM_ARCH",
+        "TORCH_CUDA_ARCH_LIST",
+        "PYTHON_BIN",
+        "VIME_ROOT",
+        "RL_KERNEL_ROOT",
+        "MEGATRON_ROOT",
+    }
+)
+ENV_PREFIXES = ("RL_KERNEL_", "NCCL_", "RCCL_", "HSA_", "VLLM_", "MATRIX_")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TOPO_DEVICE = re.compile(r"^(GPU\d+|NIC\d+|mlx\S+|CPU\d+)$")
+_GFX = re.compile(r"\b(gfx[0-9a-f]{3,4})\b", re.IGNORECASE)
+CONTENT_SUFFIXES = frozenset(
+    {".json", ".model", ".txt", ".tiktoken", ".yaml", ".yml", ".jinja", ".vocab", ".spm"}
+)
+CONTENT_MAX_BYTES = 64 << 20
+SKIP_DIRS = frozenset({".git", "__pycache__", ".cache", ".ipynb_checkpoints"})
+FINGERPRINT_METHOD = (
+    "sha256 over sorted relative paths; content of *.json/tokenizer/text files "
+    f"(suffix in {sorted(CONTENT_SUFFIXES)}, <= {CONTENT_MAX_BYTES} bytes), "
+    "name + size of every other file (weights, .distcp, .metadata)"
+)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _tail(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    raw_path: Path | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Run ``argv`` without a shell; return (record, stdout).
+
+    ``record["status"]`` is ``ok``, ``failed`` (non-zero exit), ``missing``, ``timeout`` or
+    ``error``. The whole process group is killed on timeout. ``raw_path`` gets the raw stdout.
+    """
+    environ = dict(os.environ if env is None else env)
+    record: dict[str, Any] = {"argv": list(argv), "status": "missing", "returncode": None}
+    exe = argv[0]
+    if os.sep not in exe and shutil.which(exe, path=environ.get("PATH", os.defpath)) is None:
+        return record, ""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        return record, ""
+    except OSError as exc:
+        record.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        return record, ""
+    try:
+        out_b, err_b = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out_b, err_b = proc.communicate()
+        record["status"] = "timeout"
+        record["timeout_s"] = timeout
+    stdout = out_b.decode("utf-8", "replace")
+    stderr = err_b.decode("utf-8", "replace")
+    record["duration_s"] = round(time.monotonic() - start, 3)
+    if record["status"] != "timeout":
+        record["returncode"] = proc.returncode
+        record["status"] = "ok" if proc.returncode == 0 else "failed"
+    if stderr.strip():
+        record["stderr"] = _tail(stderr)
+    if raw_path is not None:
+        raw_path.parent.mkdir(parents=True, exist_ok=True)
+        raw_path.write_text(stdout, encoding="utf-8")
+        record["raw"] = str(raw_path)
+    return record, stdout
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        proc.kill()
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def parse_nvidia_smi_L(text: str) -> list[dict[str, Any]]:
+    """Parse ``nvidia-smi -L`` into ``[{index, name, uuid, mig: [...]}]``."""
+    gpus: list[dict[str, Any]] = []
+    gpu_re = re.compile(r"^\s*GPU\s+(\d+)\s*:\s*(.*?)\s*(?:\(\s*UUID\s*:\s*([^)\s]+)\s*\))?\s*$")
+    mig_re = re.compile(r"^\s*MIG\s+(.*?)\s+Device\s+(\d+)\s*:\s*\(\s*UUID\s*:\s*([^)\s]+)\s*\)")
+    for line in _ANSI.sub("", text).splitlines():
+        if m := gpu_re.match(line):
+            gpus.append({"index": int(m[1]), "name": m[2], "uuid": m[3], "mig": []})
+        elif (m := mig_re.match(line)) and gpus:
+            gpus[-1]["mig"].append({"profile": m[1].strip(), "index": int(m[2]), "uuid": m[3]})
+    return gpus
+
+
+def parse_nvidia_query(text: str) -> list[dict[str, Any]]:
+    """Parse ``--query-gpu=name,memory.total,driver_version --format=csv,noheader``."""
+    rows: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3 or parts[0].lower() == "name":
+            continue
+        mem = re.match(r"(\d+)\s*MiB", parts[1])
+        rows.append(
+            {
+                "name": parts[0],
+                "memory_total": parts[1],
+                "memory_total_mib": int(mem[1]) if mem else None,
+                "driver_version": parts[2],
+            }
+        )
+    return rows
+
+
+def _split_cells(line: str) -> list[str]:
+    if "\t" in line:
+        return [c.strip() for c in line.split("\t")]
+    return [c.strip() for c in re.split(r"\s{2,}", line)]
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", name.strip().lower()).strip("_")
+
+
+def parse_topo(text: str) -> dict[str, Any]:
+    """Parse ``nvidia-smi topo -m``: device columns, per-row links/affinities, legends."""
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    header: list[str] = []
+    rows: list[dict[str, Any]] = []
+    legend: dict[str, str] = {}
+    nics: dict[str, str] = {}
+    section = "matrix"
+    device_re = _TOPO_DEVICE
+    for line in lines:
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.lower().startswith("nic legend"):
+            section = "nics"
+            continue
+        if stripped.lower().startswith("legend"):
+            section = "legend"
+            continue
+        if section == "legend":
+            if m := re.match(r"^(\S+)\s*=\s*(.+)$", stripped):
+                legend[m[1]] = m[2].strip()
+            continue
+        if section == "nics":
+            if m := re.match(r"^(\S+)\s*:\s*(\S+)", stripped):
+                nics[m[1]] = m[2]
+            continue
+        cells = _split_cells(line)
+        if not header and (line[:1].isspace() or cells[0] == "") and "GPU0" in stripped:
+            header = [c for c in cells if c]
+            continue
+        if header and cells and device_re.match(cells[0]):
+            rows.append(_topo_row(header, cells))
+    devices = [c for c in header if device_re.match(c)]
+    return {
+        "columns": header,
+        "devices": devices,
+        "gpus": [d for d in devices if d.startswith("GPU")],
+        "rows": rows,
+        "legend": legend,
+        "nics": nics,
+    }
+
+
+def _topo_row(header: list[str], cells: list[str]) -> dict[str, Any]:
+    """One matrix row; extra empty cells in the affinity columns (double tabs) are dropped."""
+    n_dev = sum(1 for c in header if _TOPO_DEVICE.match(c))
+    row: dict[str, Any] = {
+        "name": cells[0],
+        "links": dict(zip(header[:n_dev], cells[1:], strict=False)),
+    }
+    rest_cols, rest = header[n_dev:], cells[1 + n_dev :]
+    if len(rest) != len(rest_cols):
+        rest = [c for c in rest if c]
+    for col, value in zip(rest_cols, rest, strict=False):
+        row[_snake(col)] = value or None
+    for col in rest_cols[len(rest) :]:
+        row[_snake(col)] = None
+    return row
+
+
+_KV = re.compile(r"^\s*([A-Za-z][A-Za-z0-9 _().#/-]*?)\s*:\s*(.*?)\s*$")
+
+
+def parse_rocminfo(text: str) -> dict[str, Any]:
+    """Parse ``rocminfo`` into runtime versions and agents ``[{name, marketing_name, ...}]``."""
+    result: dict[str, Any] = {"runtime_version": None, "rock_module_version": None, "agents": []}
+    if m := re.search(r"ROCk module(?: version)?\s+(\S+)\s+is loaded", text):
+        result["rock_module_version"] = m[1]
+    blocks: list[list[str]] = []
+    preamble: list[str] = []
+    for line in _ANSI.sub("", text).splitlines():
+        if re.match(r"^\s*Agent\s+\d+\s*$", line):
+            blocks.append([])
+        elif blocks:
+            blocks[-1].append(line)
+        else:
+            preamble.append(line)
+    for line in preamble:
+        if (m := _KV.match(line)) and m[1] == "Runtime Version":
+            result["runtime_version"] = m[2]
+    for number, block in enumerate(blocks, start=1):
+        fields: dict[str, str] = {}
+        isa: list[str] = []
+        in_isa = False
+        for line in block:
+            m = _KV.match(line)
+            if not m:
+                continue
+            key, value = m[1].strip(), m[2].strip()
+            if key == "ISA Info":
+                in_isa = True
+                continue
+            if in_isa and key == "Name":
+                isa.append(value)
+                continue
+            fields.setdefault(key, value)
+        result["agents"].append(_agent(number, fields, isa))
+    return result
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if value is None:
+        return None
+    m = re.match(r"\s*(\d+)", value)
+    return int(m[1]) if m else None
+
+
+def _agent(number: int, fields: Mapping[str, str], isa: list[str]) -> dict[str, Any]:
+    name = fields.get("Name", "")
+    gfx = name if re.fullmatch(r"gfx[0-9a-f]+", name) else None
+    if gfx is None:
+        for entry in isa:
+            if m := _GFX.search(entry):
+                gfx = m[1].lower()
+                break
+    device_type = fields.get("Device Type") or None
+    return {
+        "agent": number,
+        "name": name or None,
+        "marketing_name": fields.get("Marketing Name") or None,
+        "vendor_name": fields.get("Vendor Name") or None,
+        "device_type": device_type.upper() if device_type else None,
+        "compute_units": _int_or_none(fields.get("Compute Unit")),
+        "uuid": fields.get("Uuid") or None,
+        "node": _int_or_none(fields.get("Node")),
+        "chip_id": fields.get("Chip ID") or None,
+        "gfx_arch": gfx if device_type and device_type.upper() == "GPU" else None,
+        "isa": isa,
+    }
+
+
+def parse_rocm_smi(text: str) -> dict[str, Any]:
+    """Parse ``rocm-smi`` (concise table) and its ``GPU[i] : key: value`` info form."""
+    devices: dict[int, dict[str, Any]] = {}
+    driver: str | None = None
+    header: list[tuple[str, int]] = []
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    kv_re = re.compile(r"^\s*(?:GPU|card)\[?(\d+)\]?\s*:\s*([^:]+?)\s*:\s*(.*?)\s*$")
+    for line in lines:
+        stripped = line.strip()
+        if not stripped or set(stripped) <= {"=", "-", "+", "|", " "}:
+            continue
+        if m := re.match(r"^\s*Driver version\s*:\s*(.+?)\s*$", line, re.IGNORECASE):
+            driver = m[1]
+            continue
+        if m := kv_re.match(line):
+            devices.setdefault(int(m[1]), {"index": int(m[1])})[_snake(m[2])] = m[3]
+            continue
+        if re.match(r"^\s*(Device|GPU)\s{2,}", line) and not header:
+            header = _table_header(line)
+            continue
+        if header and re.match(r"^\s*\d+\s", line):
+            row = _table_row(line, header)
+            index = _int_or_none(row.pop(header[0][0], None))
+            if index is not None:
+                devices.setdefault(index, {"index": index}).update(row)
+    for dev in devices.values():
+        dev.setdefault("vram_total_bytes", _int_or_none(dev.get("vram_total_memory_b")))
+        dev.setdefault("product", dev.get("card_series") or dev.get("card_model"))
+        gfx = dev.get("gfx_version")
+        dev["gfx_arch"] = gfx.lower() if isinstance(gfx, str) and _GFX.fullmatch(gfx) else None
+    ordered = [devices[k] for k in sorted(devices)]
+    if driver is None:
+        driver = next((d["driver_version"] for d in ordered if d.get("driver_version")), None)
+    return {"driver": driver, "devices": ordered}
+
+
+def _table_header(line: str) -> list[tuple[str, int]]:
+    """Column names (``VRAM%`` -> ``vram_pct``) with their start offsets."""
+    cols = re.finditer(r"\S+(?: \(\S+\))?", line)
+    return [(_snake(m.group(0).replace("%", " pct")), m.start()) for m in cols]
+
+
+def _table_row(line: str, header: list[tuple[str, int]]) -> dict[str, str]:
+    """Slice a table row by header offsets; falls back to whitespace tokens if misaligned."""
+    row: dict[str, str] = {}
+    aligned = all(start == 0 or line[start - 1 : start] in (" ", "") for _, start in header[1:])
+    if aligned:
+        for n, (name, start) in enumerate(header):
+            end = header[n + 1][1] if n + 1 < len(header) else len(line)
+            row[name] = line[start:end].strip()
+        return row
+    tokens = line.split()
+    for (name, _), token in zip(header, tokens, strict=False):
+        row[name] = token
+    return row
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _arch_base(arch: str) -> str:
+    return arch.split(":", 1)[0].strip().lower()
+
+
+def _split_archs(value: str) -> list[str]:
+    return [_arch_base(a) for a in re.split(r"[;,\s]+", value) if a.strip()]
+
+
+def build_rocm_section(
+    rocminfo: Mapping[str, Any] | None,
+    smi: Mapping[str, Any] | None,
+    torch_devices: Iterable[Mapping[str, Any]],
+    pytorch_rocm_arch: str | None,
+    ext_offload_archs: Iterable[str] = (),
+) -> dict[str, Any]:
+    """ROCm facts plus build-vs-runtime gfx arch mismatches (reported, never papered over)."""
+    agents = list((rocminfo or {}).get("agents", []))
+    gpu_agents = [a for a in agents if a.get("device_type") == "GPU"]
+    runtime = {a["gfx_arch"] for a in gpu_agents if a.get("gfx_arch")}
+    smi_devices = list((smi or {}).get("devices", []))
+    runtime |= {d["gfx_arch"] for d in smi_devices if d.get("gfx_arch")}
+    runtime |= {_arch_base(d["gcnArchName"]) for d in torch_devices if d.get("gcnArchName")}
+    archs = sorted(runtime)
+    build = _split_archs(pytorch_rocm_arch) if pytorch_rocm_arch else None
+    ext = sorted(set(ext_offload_archs))
+    return {
+        "available": bool(gpu_agents or smi_devices),
+        "runtime_version": (rocminfo or {}).get("runtime_version"),
+        "rock_module_version": (rocminfo or {}).get("rock_module_version"),
+        "agents": agents,
+        "gpu_agents": len(gpu_agents),
+        "smi": dict(smi) if smi else None,
+        "driver": (smi or {}).get("driver") or (rocminfo or {}).get("rock_module_version"),
+        "runtime_gfx_archs": archs,
+        "pytorch_rocm_arch": pytorch_rocm_arch,
+        "build_arch_mismatch": (
+            [a for a in archs if a not in build] if build is not None and archs else None
+        ),
+        "ext_offload_archs": ext,
+        "ext_arch_mismatch": [a for a in archs if a not in ext] if ext and archs else None,
+    }
+
+
+def build_gpu_section(
+    nvidia: Mapping[str, Any], rocm: Mapping[str, Any], torch_info: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Unified view: backend cuda|rocm|cpu from the tools first, torch second."""
+    torch_devices = list(torch_info.get("devices") or [])
+    torch_names = [str(d["name"]) for d in torch_devices if d.get("name")]
+    backend, source, names = "cpu", "none", []
+    if nvidia.get("gpus"):
+        backend, source, names = "cuda", "nvidia-smi", [g["name"] for g in nvidia["gpus"]]
+    elif rocm.get("gpu_agents"):
+        gpus = [a for a in rocm["agents"] if a.get("device_type") == "GPU"]
+        backend, source = "rocm", "rocminfo"
+        names = [a.get("marketing_name") or a.get("name") or "" for a in gpus]
+    elif rocm.get("smi") and rocm["smi"].get("devices"):
+        backend, source = "rocm", "rocm-smi"
+        names = [d.get("product") or "" for d in rocm["smi"]["devices"]]
+    elif torch_names:
+        backend = "rocm" if torch_info.get("hip") else "cuda"
+        source, names = "torch", torch_names
+    torch_count = int(torch_info.get("device_count") or 0)
+    return {
+        "backend": backend,
+        "source": source,
+        "count": len(names),
+        "names": names,
+        "torch_names": torch_names,
+        "torch_device_count": torch_count,
+        "torch_build": torch_info.get("build"),
+        "torch_sees_all": torch_count == len(names) if names else None,
+    }
+
+
+_AXES = {
+    "tp": ("tp", "tensor_model_parallel_size", "tensor_parallel_size"),
+    "cp": ("cp", "context_parallel_size"),
+    "pp": ("pp", "pipeline_model_parallel_size", "pipeline_parallel_size"),
+    "ep": ("ep", "expert_model_parallel_size", "expert_parallel_size"),
+}
+
+
+def check_topology(topology: Mapping[str, object] | None, gpu_count: int) -> dict[str, Any]:
+    """``gpus_needed = tp*cp*pp`` against the detected GPU count (EP lives inside DP)."""
+    if topology is None:
+        return {"configured": False}
+    lowered = {str(k).lower(): v for k, v in topology.items()}
+    sizes: dict[str, int] = {}
+    for axis, aliases in _AXES.items():
+        raw = next((lowered[a] for a in aliases if a in lowered), 1)
+        if isinstance(raw, bool) or not isinstance(raw, int | str) or not str(raw).isdigit():
+            return {"configured": True, "ok": False, "reason": f"{axis}={raw!r} is not an int"}
+        sizes[axis] = int(raw)
+    needed = sizes["tp"] * sizes["cp"] * sizes["pp"]
+    check: dict[str, Any] = {"configured": True, **sizes, "gpus_needed": needed}
+    check["gpus_available"] = gpu_count
+    check["colocate"] = lowered.get("colocate")
+    if gpu_count == 0:
+        check.update(ok=False, reason="no GPU detected")
+    else:
+        check["ok"] = gpu_count >= needed
+        check["divides"] = gpu_count % needed == 0 if needed else False
+        if not check["ok"]:
+            check["reason"] = f"needs {needed} GPUs (tp*cp*pp), {gpu_count} detected"
+    return check
+
+
+def fingerprint_model_dir(path: Path) -> dict[str, Any]:
+    """Fingerprint a checkpoint/tokenizer dir or file; see ``FINGERPRINT_METHOD``."""
+    path = Path(path)
+    info: dict[str, Any] = {
+        "path": str(path),
+        "exists": path.exists(),
+        "method": FINGERPRINT_METHOD,
+    }
+    if not path.exists():
+        return info
+    files = [path] if path.is_file() else sorted(_walk(path))
+    digest = hashlib.sha256()
+    content = sized = total = 0
+    for file in files:
+        rel = file.name if path.is_file() else file.relative_to(path).as_posix()
+        size = file.stat().st_size
+        total += size
+        digest.update(rel.encode() + b"\0")
+        if file.suffix.lower() in CONTENT_SUFFIXES and size <= CONTENT_MAX_BYTES:
+            digest.update(b"C" + hashlib.sha256(file.read_bytes()).digest())
+            content += 1
+        else:
+            digest.update(b"S" + str(size).encode() + b"\0")
+            sized += 1
+    info.update(
+        sha256=digest.hexdigest(),
+        files_content_hashed=content,
+        files_name_and_size=sized,
+        total_bytes=total,
+    )
+    return info
+
+
+def _walk(root: Path) -> Iterable[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        for name in filenames:
+            file = Path(dirpath, name)
+            if file.is_file():
+                yield file
+
+
+def _visible_devices(env: Mapping[str, str], backend: str) -> dict[str, Any] | None:
+    """The ``*_VISIBLE_DEVICES`` restriction that applies to ``backend``, if any is set."""
+    names = {
+        "cuda": ("CUDA_VISIBLE_DEVICES",),
+        "rocm": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+    }.get(backend, ())
+    for name in names:
+        if name in env:
+            ids = [i for i in env[name].split(",") if i.strip()]
+            return {"var": name, "value": env[name], "count": len(ids)}
+    return None
+
+
+def _selected_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in sorted(env.items())
+        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not _SECRET.search(k)
+    }
+
+
+# --------------------------------------------------------------------------- collect
+
+
+def _run_probe(
+    python: str, env: Mapping[str, str], timeout: float, raw_dir: Path | None
+) -> dict[str, Any]:
+    raw = raw_dir / "probe.txt" if raw_dir is not None else None
+    record, stdout = run_command(
+        [python, "-c", PROBE_BOOTSTRAP, str(PROBE_SCRIPT)], env=env, timeout=timeout, raw_path=raw
+    )
+    result: dict[str, Any] = {"status": record["status"], "command": record}
+    if record["status"] != "ok":
+        return result
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                result.update(json.loads(line))
+            except json.JSONDecodeError as exc:
+                result.update(status="error", error=f"bad probe JSON: {exc}")
+            return result
+    result.update(status="error", error="probe printed no JSON")
+    return result
+
+
+def _repo_state(
+    name: str, root: str | None, env: Mapping[str, str], timeout: float, raw_dir: Path | None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    if not root:
+        return {"configured": False}, {}
+    state: dict[str, Any] = {"configured": True, "root": root, "commit": None, "dirty": None}
+    cmds: dict[str, dict[str, Any]] = {}
+    for key, args in (("head", ("rev-parse", "HEAD")), ("status", ("status", "--porcelain"))):
+        cname = f"git-{name}-{key}"
+        raw = raw_dir / f"{cname}.txt" if raw_dir is not None else None
+        rec, out = run_command(["git", "-C", root, *args], env=env, timeout=timeout, raw_path=raw)
+        cmds[cname] = rec
+        if rec["status"] != "ok":
+            state.setdefault("status", rec["status"])
+            state.setdefault("error", rec.get("stderr", rec["status"]))
+            continue
+        if key == "head":
+            state["commit"] = out.strip() or None
+        else:
+            state["dirty"] = bool(out.strip())
+            state["changed_files"] = len(out.strip().splitlines())
+    state.setdefault("status", "ok")
+    return state, cmds
+
+
+def collect_preflight(
+    *,
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+    raw_dir: Path | None = None,
+    checkpoint: Path | None = None,
+    tokenizer: Path | None = None,
+    topology: Mapping[str, object] | None = None,
+    timeout: float = 60.0,
+) -> dict[str, object]:
+    """Collect the preflight record (JSON-serialisable); never raises for missing tools."""
+    environ: dict[str, str] = dict(os.environ if env is None else env)
+    raw = Path(raw_dir) if raw_dir is not None else None
+    if raw is not None:
+        raw.mkdir(parents=True, exist_ok=True)
+    probe = _run_probe(python, environ, timeout, raw)
+    commands: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, str] = {name: "" for name, _ in COMMANDS}
+    timed_out: set[str] = set()
+    for name, argv in COMMANDS:
+        if argv[0] in timed_out:
+            commands[name] = {
+                "argv": list(argv),
+                "status": "skipped",
+                "returncode": None,
+                "reason": f"{argv[0]} timed out earlier",
+            }
+            continue
+        rec, out = run_command(
+            argv, env=environ, timeout=timeout, raw_path=raw / f"{name}.txt" if raw else None
+        )
+        commands[name] = rec
+        if rec["status"] == "timeout":
+            timed_out.add(argv[0])
+        # Non-zero exits may still print usable tables (rocm-smi warnings); parsers are lenient.
+        outputs[name] = out if rec["status"] in ("ok", "failed") else ""
+    repos: dict[str, dict[str, Any]] = {}
+    for name, var in REPO_VARS:
+        repos[name], cmds = _repo_state(name, environ.get(var), environ, timeout, raw)
+        repos[name]["env"] = var
+        commands.update(cmds)
+
+    query = parse_nvidia_query(outputs["nvidia-smi-query"])
+    nvidia = {
+        "available": commands["nvidia-smi-L"]["status"] == "ok",
+        "gpus": parse_nvidia_smi_L(outputs["nvidia-smi-L"]),
+        "query": query,
+        "driver": query[0]["driver_version"] if query else None,
+        "topology": parse_topo(outputs["nvidia-smi-topo"]) if outputs["nvidia-smi-topo"] else None,
+    }
+    torch_info: dict[str, Any] = dict(probe.get("torch") or {})
+    rl_engine: dict[str, Any] = dict(probe.get("rl_engine") or {})
+    smi = parse_rocm_smi(outputs["rocm-smi"] + "\n" + outputs["rocm-smi-info"])
+    rocm = build_rocm_section(
+        parse_rocminfo(outputs["rocminfo"]) if outputs["rocminfo"] else None,
+        smi if smi["devices"] or smi["driver"] else None,
+        torch_info.get("devices") or [],
+        environ.get("PYTORCH_ROCM_ARCH"),
+        rl_engine.get("ext_offload_archs") or [],
+    )
+    if outputs["hipconfig-version"].strip():
+        rocm["hip_version"] = outputs["hipconfig-version"].strip().splitlines()[-1]
+    gpu = build_gpu_section(nvidia, rocm, torch_info)
+    gpu["visible"] = _visible_devices(environ, str(gpu["backend"]))
+    usable = gpu["visible"]["count"] if gpu["visible"] else gpu["count"]
+    py = probe.get("python") or {}
+    result: dict[str, object] = {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": {
+            "requested": python,
+            "version": py.get("version"),
+            "executable": py.get("executable"),
+        },
+        "probe": probe,
+        "commands": commands,
+        "repos": repos,
+        "env": _selected_env(environ),
+        "nvidia": nvidia,
+        "rocm": rocm,
+        "gpu": gpu,
+        "topology": dict(topology) if topology is not None else None,
+        "topology_check": check_topology(topology, min(int(usable), int(gpu["count"]))),
+        "checkpoint": fingerprint_model_dir(checkpoint) if checkpoint is not None else None,
+        "tokenizer": fingerprint_model_dir(tokenizer) if tokenizer is not None else None,
+    }
+    hw, build = fingerprint(result)
+    result["fingerprints"] = {"hardware": hw, "build": build}
+    return result
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def _get(obj: object, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _section(preflight: Mapping[str, object], name: str) -> Mapping[str, Any]:
+    value = preflight.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _gfx_archs(preflight: Mapping[str, object]) -> list[str]:
+    return [str(a) for a in _section(preflight, "rocm").get("runtime_gfx_archs") or []]
+
+
+def detect_hardware(preflight: Mapping[str, object], profiles: Mapping[str, object]) -> str | None:
+    """First profile (mapping order) whose backend and every given matcher fit this machine."""
+    gpu = _section(preflight, "gpu")
+    backend = str(gpu.get("backend") or "cpu")
+    count = int(gpu.get("count") or 0)
+    nvidia_names = [str(g.get("name")) for g in _section(preflight, "nvidia").get("gpus") or []]
+    device_names = nvidia_names + [str(n) for n in gpu.get("torch_names") or []]
+    rocm_agents = _section(preflight, "rocm").get("agents") or []
+    marketing = [
+        str(a.get("marketing_name"))
+        for a in rocm_agents
+        if a.get("device_type") == "GPU" and a.get("marketing_name")
+    ]
+    archs = set(_gfx_archs(preflight))
+    for name, profile in profiles.items():
+        want = _get(profile, "backend")
+        want = str(getattr(want, "value", want) or "").lower()
+        if want != backend or (want == "cpu" and count):
+            continue
+        match = _get(profile, "match")
+        device_re = _get(match, "device_name")
+        marketing_re = _get(match, "marketing_name")
+        gfx = _get(match, "gfx_arch")
+        if device_re and not any(re.search(device_re, n, re.IGNORECASE) for n in device_names):
+            continue
+        if marketing_re and not any(re.search(marketing_re, n, re.IGNORECASE) for n in marketing):
+            continue
+        if gfx:
+            wanted = {gfx.lower()} if isinstance(gfx, str) else {str(g).lower() for g in gfx}
+            if not wanted & archs:
+                continue
+        return str(name)
+    return None
+
+
+def _short(payload: object) -> str:
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def fingerprint(preflight: Mapping[str, object]) -> tuple[str, str]:
+    """(hardware, build) fingerprints: 16-hex sha256 prefixes of the identifying facts."""
+    gpu = _section(preflight, "gpu")
+    nvidia = _section(preflight, "nvidia")
+    rocm = _section(preflight, "rocm")
+    hardware = {
+        "backend": gpu.get("backend") or "cpu",
+        "names": sorted(str(n) for n in gpu.get("names") or []),
+        "count": int(gpu.get("count") or 0),
+        "driver": nvidia.get("driver") or rocm.get("driver"),
+        "gfx_archs": sorted(_gfx_archs(preflight)),
+    }
+    probe = _section(preflight, "probe")
+    torch_info = probe.get("torch") or {}
+    packages = probe.get("packages") or {}
+    repos = _section(preflight, "repos")
+    build = {
+        "torch": torch_info.get("version"),
+        "cuda": torch_info.get("cuda"),
+        "hip": torch_info.get("hip"),
+        "rl_engine_ext_sha256": (probe.get("rl_engine") or {}).get("ext_sha256"),
+        "vllm": (packages.get("vllm") or {}).get("version"),
+        "megatron_core": (packages.get("megatron-core") or {}).get("version"),
+        "repos": {
+            k: [v.get("commit"), v.get("dirty")]
+            for k, v in sorted(repos.items())
+            if isinstance(v, Mapping)
+        },
+    }
+    return _short(hardware), _short(build)

@@ -1,0 +1,2 @@
+"""Built-in reference workload: a Qwen3 train/rollout consistency step writing RL-Kernel
+artifacts (``python -m pytest_rlkernel_matrix.workload``)."""

@@ -1,0 +1,7 @@
+"""``python -m pytest_rlkernel_matrix.workload``: run one matrix cell of the reference job."""
+
+import sys
+
+from .job import main
+
+sys.exit(main())

@@ -1,0 +1,499 @@
+"""The reference RL step: weight sync, rollout (prefill + decode), training recompute, artifacts.
+
+One process = one matrix cell, configured by the RL-Kernel environment contract (see
+``docs/artifact-format.md``). Rollout behaves like vLLM (per-prompt prefill, token-by-token
+decode against a KV cache with a shrinking batch, seeded temperature/top-p sampling, reporting
+the sampled tokens' logprobs); training behaves like Megatron (full-sequence forwards over
+differently packed, padded micro-batches, loss mask on response tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .kernels import MODULES, R_BACKEND_IDS, R_CONTRACT_VERSION, SideKernels, Tiling
+from .kernels import runtime_platform
+from .model import PRESETS, Qwen3, checkpoint_fingerprint, init_weights, load_checkpoint
+from .model import weights_sha256
+
+SIDES = ("training", "rollout")
+CASES = ("P/P", "P/R", "R/P", "R/R")
+SIDECAR_SCHEMA = "rlk-reference.mismatch_sidecar.v1"
+FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupported")
+EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
+RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
+    "tiny": (16, 224, 3), "small": (16, 160, 3), "qwen3-0.6b": (160, 512, 16)}
+
+
+class UsageError(Exception):
+    """Bad environment or options: exit 2 with a message."""
+
+
+@dataclass
+class FaultDrill:
+    """A fault drill switched on by ``RLK_REF_FAULT=<kind>[:<module>[:<side>]]``."""
+
+    kind: str
+    module: str = "attention"
+    side: str = "rollout"
+
+    @classmethod
+    def from_env(cls) -> FaultDrill | None:
+        raw = os.environ.get("RLK_REF_FAULT", "").strip()
+        if not raw:
+            return None
+        parts = raw.split(":")
+        drill = cls(*parts[:3])
+        if drill.kind not in FAULT_KINDS or drill.module not in MODULES or drill.side not in SIDES:
+            raise UsageError(f"RLK_REF_FAULT={raw!r}: expected <kind>[:<module>[:<side>]] with "
+                             f"kind in {FAULT_KINDS}, module in {MODULES}, side in {SIDES}")
+        return drill
+
+
+@dataclass
+class Env:
+    """The RL-Kernel environment contract as this process sees it."""
+
+    mode: str
+    cases: dict[str, str]
+    run_id: str
+    artifact_dir: Path
+    readback_dir: Path
+    sidecar_dir: Path
+    weight_audit_dir: Path
+    route_report: bool
+
+    @classmethod
+    def from_environ(cls) -> Env:
+        e = os.environ
+        art = e.get("RL_KERNEL_ARTIFACT_DIR", "").strip()
+        if not art:
+            raise UsageError("RL_KERNEL_ARTIFACT_DIR is not set: the reference workload needs a "
+                             "per-cell artifact directory (see docs/artifact-format.md)")
+        mode = e.get("RL_KERNEL_MODE", "strict").strip().lower()
+        if mode not in ("strict", "audit", "auto", "off"):
+            raise UsageError(f"RL_KERNEL_MODE={mode!r}: expected strict|audit|auto|off")
+        cases = {}
+        for m in MODULES:
+            case = e.get(f"RL_KERNEL_{m.upper()}_CASE", "P/P").strip().upper() or "P/P"
+            if case not in CASES:
+                raise UsageError(f"RL_KERNEL_{m.upper()}_CASE={case!r}: expected one of {CASES}")
+            cases[m] = case
+        root = Path(art)
+        return cls(mode, cases, e.get("RL_KERNEL_RUN_ID", root.name), root,
+                   Path(e.get("RL_KERNEL_READBACK_DIR") or root / "readbacks"),
+                   Path(e.get("RL_KERNEL_MISMATCH_SIDECAR_DIR") or root / "mismatch-sidecars"),
+                   Path(e.get("RL_KERNEL_WEIGHT_AUDIT_DIR") or root / "weight-audit"),
+                   e.get("RL_KERNEL_ROUTE_REPORT", "1").strip() != "0")
+
+    def requested(self, module: str, side: str) -> str:
+        """``rl_kernel`` or ``production`` as requested by the case (off: always production)."""
+        if self.mode == "off":
+            return "production"
+        letter = self.cases[module].split("/")[0 if side == "training" else 1]
+        return "rl_kernel" if letter == "R" else "production"
+
+
+def write_json(path: Path, obj: object) -> None:
+    """Atomic JSON write: temp file in the same directory, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Route resolution and readbacks.
+
+
+@dataclass
+class Route:
+    """What one side runs per module, and what it claims/records."""
+
+    side: str
+    requested: dict[str, str]
+    actual: dict[str, str]
+    claimed: dict[str, str]
+    fallbacks: list[dict[str, str]]
+    unsupported: dict[str, str]
+
+
+def resolve_route(env: Env, side: str, drill: FaultDrill | None, platform: str) -> Route:
+    """Apply the case, the mode and any fault drill to one side's module implementations."""
+    req = {m: env.requested(m, side) for m in MODULES}
+    actual, claimed = dict(req), dict(req)
+    fallbacks: list[dict[str, str]] = []
+    unsupported: dict[str, str] = {}
+    if drill and drill.side == side and req[drill.module] == "rl_kernel":
+        m = drill.module
+        if drill.kind == "recorded_fallback":
+            actual[m] = claimed[m] = "production"
+            fallbacks.append({"module": m, "reason": "fault drill: rl_kernel backend raised at "
+                                                     "dispatch; native path ran instead"})
+        elif drill.kind == "silent_fallback":
+            actual[m] = "production"  # claimed stays rl_kernel: the lie the plugin must catch
+        elif drill.kind == "unsupported":
+            unsupported[m] = (f"{R_BACKEND_IDS[m]} has no kernel for device={platform}-"
+                              "fault-drill (capability drill)")
+            actual[m] = claimed[m] = "production"
+            fallbacks.append({"module": m, "reason": "unsupported: " + unsupported[m]})
+    return Route(side, req, actual, claimed, fallbacks, unsupported)
+
+
+def readback(env: Env, route: Route, kernels: SideKernels, platform: str) -> dict:
+    """The RL-Kernel readback dict for one side (``rlkernel.debug_matrix.v1`` plan)."""
+    fw = kernels.framework
+    plan = {m: {"module": m, "case_id": env.cases[m],
+                "training_implementation": env.requested(m, "training"),
+                "rollout_implementation": env.requested(m, "rollout")} for m in MODULES}
+    operators = {}
+    for m in MODULES:
+        impl = route.claimed[m]
+        prov: dict[str, object] = {
+            "interface": f"pytest_rlkernel_matrix.workload.kernels.{m}",
+            "operator": f"qwen3.{m}", "fallback": any(f["module"] == m for f in route.fallbacks),
+            "execution": {"runtime_platform": platform, "triton_used": False,
+                          "tp_world_size": 1, "cp_world_size": 1}}
+        if impl == "rl_kernel":
+            prov.update(contract_version=R_CONTRACT_VERSION, arithmetic_contract="bitwise",
+                        actual_backend=R_BACKEND_IDS[m])
+        operators[m] = {
+            "framework": fw, "target": route.side, "module": m, "case_id": env.cases[m],
+            "implementation": impl,
+            "backend_id": R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}",
+            "call_count": kernels.module(m).call_count, "execution_mode": "eager",
+            "provenance": prov}
+    decisions = [{"capability": "device", "requested": platform, "supported": False,
+                  "passed": False, "reason": why} for why in route.unsupported.values()]
+    return {
+        "framework": fw, "target": route.side, "pid": os.getpid(), "run_id": env.run_id,
+        "mode": env.mode,
+        "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": plan},
+        "installed_hooks": {m: f"pytest_rlkernel_matrix.workload.kernels.{m}"
+                            for m in MODULES if route.requested[m] == "rl_kernel"},
+        "fallbacks": route.fallbacks,
+        "profile_calls": {m: kernels.module(m).call_count for m in MODULES},
+        "operators": operators,
+        "capability": {"status": "unsupported" if decisions else "resolved",
+                       "capability_decisions": decisions},
+    }
+
+
+def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideKernels],
+                    platform: str) -> None:
+    if env.mode == "off":
+        return
+    for side in SIDES:
+        k = kernels[side]
+        write_json(env.readback_dir / f"{k.framework}-{side}-{os.getpid()}.json",
+                   readback(env, routes[side], k, platform))
+
+
+# ---------------------------------------------------------------------------------------------
+# The RL step.
+
+
+@dataclass
+class Rollout:
+    """What the rollout engine returns: full token sequences and its sampled-token logprobs."""
+
+    tokens: list[Tensor]
+    prompt_lengths: list[int]
+    logprobs: list[Tensor]
+
+
+def sample_top_p(logprobs: Tensor, top_p: float, gen: torch.Generator) -> Tensor:
+    """Sample one token per row from temperature-scaled ``logprobs [B, V]`` with nucleus top-p."""
+    probs = logprobs.exp()
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+    sorted_p = sorted_p * keep
+    choice = torch.multinomial(sorted_p, 1, generator=gen)
+    return idx.gather(-1, choice)[:, 0]
+
+
+def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: list[int],
+                temperature: float, top_p: float, gen: torch.Generator) -> Rollout:
+    """vLLM-style generation: per-prompt prefill, then batched decode that shrinks."""
+    dev = prompts[0].device
+    eos = model.cfg.eos_token_id
+    caches_per_prompt, last_h = [], []
+    for p in prompts:  # varlen prefill, one prompt at a time
+        cache = model.new_cache(1)
+        h = model.hidden(k, p[None], torch.arange(p.numel(), device=dev)[None], cache)
+        caches_per_prompt.append(cache)
+        last_h.append(h[0, -1])
+    caches = [type(c[0])(torch.cat([cp[i].k for cp in caches_per_prompt]),
+                         torch.cat([cp[i].v for cp in caches_per_prompt]))
+              for i, c in enumerate(zip(*caches_per_prompt, strict=True))]
+    out_tok: list[list[Tensor]] = [[] for _ in prompts]
+    out_lp: list[list[Tensor]] = [[] for _ in prompts]
+    active = torch.arange(len(prompts), device=dev)
+    lengths = torch.tensor([p.numel() for p in prompts], device=dev)
+    h = torch.stack(last_h)
+    while True:
+        lp = model.logprobs(k, h, temperature)
+        tok = sample_top_p(lp, top_p, gen)
+        sel = lp.gather(-1, tok[:, None])[:, 0]
+        done = []
+        for j, (i, t, s) in enumerate(zip(active.tolist(), tok, sel, strict=True)):
+            out_tok[i].append(t)
+            out_lp[i].append(s)
+            done.append(int(t) == eos or len(out_tok[i]) >= max_new[i])
+        keep = torch.tensor([not d for d in done], device=dev)
+        if not bool(keep.any()):
+            break
+        if not bool(keep.all()):  # finished sequences leave the batch; their cache is freed
+            rows = keep.nonzero()[:, 0]
+            active, tok, lengths = active[rows], tok[rows], lengths[rows]
+            caches = [c.select(rows) for c in caches]
+        h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
+        lengths = lengths + 1
+    return Rollout([torch.cat([p, torch.stack(t)]) for p, t in zip(prompts, out_tok, strict=True)],
+                   [p.numel() for p in prompts],
+                   [torch.stack(x).float().cpu() for x in out_lp])
+
+
+def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, temperature: float,
+                 order: list[int]) -> list[Tensor]:
+    """Megatron-style recompute: padded micro-batches in ``order``, full-sequence forwards."""
+    dev = ro.tokens[0].device
+    result: list[Tensor] = [torch.empty(0)] * len(ro.tokens)
+    for s in range(0, len(order), micro_batch):
+        mb = order[s:s + micro_batch]
+        t = max(ro.tokens[i].numel() for i in mb)
+        toks = torch.zeros(len(mb), t, dtype=torch.long, device=dev)
+        for r, i in enumerate(mb):
+            toks[r, :ro.tokens[i].numel()] = ro.tokens[i]
+        pos = torch.arange(t, device=dev)[None].expand(len(mb), t)
+        h = model.hidden(k, toks, pos, None)
+        targets = torch.cat([toks[:, 1:], toks[:, :1] * 0], dim=1)
+        lp = model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets.reshape(-1),
+                                     temperature).reshape(len(mb), t)
+        for r, i in enumerate(mb):
+            p, n = ro.prompt_lengths[i], ro.tokens[i].numel()
+            result[i] = lp[r, p - 1:n - 1].float().cpu()
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m pytest_rlkernel_matrix.workload",
+                                 description=__doc__)
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--checkpoint", default=None, help="HF dir: config.json + *.safetensors")
+    ap.add_argument("--num-prompts", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--min-prompt-len", type=int, default=8)
+    ap.add_argument("--max-prompt-len", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--micro-batch-size", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=1)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one matrix cell; returns the process exit code."""
+    t_start = time.perf_counter()
+    try:
+        args = parse_args(argv)
+        env = Env.from_environ()
+        drill = FaultDrill.from_env()
+    except UsageError as exc:
+        print(f"[rlk-reference] error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_cell(args, env, drill, t_start)
+
+
+def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: float) -> int:
+    """Everything after argument/env parsing."""
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    platform = runtime_platform(device)
+    defaults = RUN_DEFAULTS.get(args.preset, RUN_DEFAULTS["tiny"])
+    n_prompts = args.num_prompts or defaults[0]
+    max_new_tokens = args.max_new_tokens or defaults[1]
+    micro_batch = args.micro_batch_size or defaults[2]
+    max_seq = -(-(args.max_prompt_len + max_new_tokens) // 16) * 16
+    for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):
+        d.mkdir(parents=True, exist_ok=True)
+
+    if args.checkpoint:
+        cfg, train_w = load_checkpoint(args.checkpoint, dtype, device)
+        ckpt = {"path": str(Path(args.checkpoint).resolve()),
+                "fingerprint": checkpoint_fingerprint(args.checkpoint),
+                "fingerprint_method": "sha256(config.json + sorted *.safetensors name/size/bytes)"}
+    else:
+        cfg = PRESETS[args.preset]
+        train_w = init_weights(cfg, args.seed, dtype, device)
+        ckpt = {"path": None, "fingerprint": f"seeded-init:{args.preset}:{args.seed}",
+                "fingerprint_method": "deterministic init from seed"}
+
+    routes = {s: resolve_route(env, s, drill, platform) for s in SIDES}
+    tiling = Tiling.for_device(device, max_seq)
+    kernels = {s: SideKernels.build(s, routes[s].actual, dtype, tiling, cfg.rms_norm_eps)
+               for s in SIDES}
+    manifest = {
+        "schema_version": "rlk-reference.manifest.v1", "run_id": env.run_id, "mode": env.mode,
+        "cases": env.cases, "preset": args.preset, "dtype": args.dtype, "device": str(device),
+        "runtime_platform": platform, "seed": args.seed, "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p,
+                     "num_prompts": n_prompts, "max_new_tokens": max_new_tokens,
+                     "prompt_len": [args.min_prompt_len, args.max_prompt_len],
+                     "eos_token_id": cfg.eos_token_id},
+        "micro_batch_size": micro_batch, "max_seq_len": max_seq, "steps": args.steps,
+        "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
+        "fault_drill": None if drill is None else {
+            **asdict(drill),
+            "applied": env.mode != "off" and env.requested(drill.module, drill.side)
+            == "rl_kernel" or drill.kind == "corrupt_weight"},
+        "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
+                       "claimed": routes[s].claimed} for s in SIDES},
+    }
+    write_json(env.artifact_dir / "manifest.json", manifest)
+    if drill:
+        print(f"[rlk-reference][fault-drill] kind={drill.kind} module={drill.module} "
+              f"side={drill.side} applied={str(manifest['fault_drill']['applied']).lower()}")
+    if env.mode == "off":
+        print("[RL-Kernel] mode=off: native route")
+    elif env.route_report:
+        for s in SIDES:
+            r, fw = routes[s], kernels[s].framework
+            for m in MODULES:
+                impl = r.claimed[m]
+                bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
+                fb = any(f["module"] == m for f in r.fallbacks)
+                print(f"[RL-Kernel][route] framework={fw} target={s} module={m} "
+                      f"case={env.cases[m]} implementation={impl} backend_id={bid} "
+                      f"fallback={str(fb).lower()}")
+    for s in SIDES:
+        for m, why in routes[s].unsupported.items():
+            print(f"[RL-Kernel][unsupported] module={m} side={s} class=platform_unsupported "
+                  f"reason={why}")
+    if env.mode == "strict" and any(routes[s].unsupported for s in SIDES):
+        write_readbacks(env, routes, kernels, platform)
+        print("[RL-Kernel] error: strict mode: requested rl_kernel backend unsupported on this "
+              "platform; failing closed before the step", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    train_lp_uses_r = routes["training"].actual["logp"] == "rl_kernel"
+    vocab_pad = -(-cfg.vocab_size // 128) * 128
+    contract = (f"linear_logp:tp=1:cp=1:vocab={vocab_pad}" if train_lp_uses_r
+                else "vime.native.linear_logp.v1")
+    print(f"[rlk-reference] selected-logprob contract_id={contract}")
+
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    plens = torch.randint(args.min_prompt_len, args.max_prompt_len + 1, (n_prompts,),
+                          generator=gen).tolist()
+    prompts = [torch.randint(2, cfg.vocab_size, (n,), generator=gen).to(device) for n in plens]
+    max_new = torch.randint(max(1, max_new_tokens * 2 // 3), max_new_tokens + 1, (n_prompts,),
+                            generator=gen).tolist()
+    order = torch.randperm(n_prompts, generator=gen).tolist()
+    train_model = Qwen3(cfg, train_w, max_seq)
+
+    for step in range(args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        rollout_w = {n: t.clone() for n, t in train_w.items()}  # the engine's own storage
+        if drill and drill.kind == "corrupt_weight":
+            w = rollout_w["model.layers.0.mlp.down_proj.weight"]
+            w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
+        sync(device)
+        t_sync = time.perf_counter() - t0
+        if step == 0:
+            for side, w in (("training", train_w), ("rollout", rollout_w)):
+                fw = kernels[side].framework
+                write_json(env.weight_audit_dir / f"v0.{fw}-{side}.json",
+                           {"weight_version": "v0", "framework": fw, "target": side,
+                            "sha256": weights_sha256(w)})
+        rollout_model = Qwen3(cfg, rollout_w, max_seq)
+        samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            ro = run_rollout(rollout_model, kernels["rollout"], prompts, max_new,
+                             args.temperature, args.top_p, samp_gen)
+        sync(device)
+        t_roll = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        with torch.inference_mode():
+            train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
+                                    args.temperature, order)
+        sync(device)
+        t_train = time.perf_counter() - t2
+        t_step = time.perf_counter() - t0
+        resp = [x.numel() for x in ro.logprobs]
+        active = sum(resp)
+        if step == 0:
+            write_sidecar(env, ro, train_lp)
+            diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
+            n_mis = int(sum(int(torch.ne(a, b).sum())
+                            for a, b in zip(train_lp, ro.logprobs, strict=True)))
+            print(f"rollout {step}: " + repr({
+                "rollout/response_lengths": resp,
+                "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
+            print(f"step {step}: " + repr({
+                "train/train_rollout_logprob_abs_diff": float(diff.mean()),
+                "train/train_current_rollout_logprob_mismatch_count": n_mis,
+                "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
+                "train/train_current_rollout_logprob_numel": active}))
+        if device.type == "cuda":
+            peak = int(torch.cuda.max_memory_allocated(device))
+        else:
+            peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        print(f"perf {step}: " + repr({"perf/rollout_time": round(t_roll, 6),
+                                       "perf/tokens_per_gpu_per_sec": round(active / t_roll, 3)}))
+        print(f"perf {step}: " + repr({
+            "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
+            "perf/update_weights_time": round(t_sync, 6),
+            "perf/tokens_per_sec": round(active / t_step, 3),
+            "perf/peak_memory_bytes": peak}))
+        sys.stdout.flush()
+    write_readbacks(env, routes, kernels, platform)
+    manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
+    write_json(env.artifact_dir / "manifest.json", manifest)
+    if env.mode == "strict" and any(routes[s].fallbacks for s in SIDES):
+        print("[RL-Kernel] error: strict mode: fallback to the native path recorded "
+              f"({[f for s in SIDES for f in routes[s].fallbacks]}); failing the run",
+              file=sys.stderr)
+        return EXIT_FALLBACK
+    return 0
+
+
+def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor]) -> None:
+    """Masked train/rollout logprobs of step 0 as ``rank00000.call00000000.pt`` (atomic)."""
+    data = {
+        "schema": SIDECAR_SCHEMA, "rank": 0, "call_index": 0,
+        "tensor_parallel_size": 1, "context_parallel_size": 1,
+        "train_log_probs": [x.float().contiguous() for x in train_lp],
+        "rollout_log_probs": [x.float().contiguous() for x in ro.logprobs],
+        "loss_masks": [torch.ones(x.numel(), dtype=torch.float32) for x in ro.logprobs],
+        "total_lengths": [int(t.numel()) for t in ro.tokens],
+        "response_lengths": [int(x.numel()) for x in ro.logprobs],
+        "tokens": [t.cpu().contiguous() for t in ro.tokens],
+        "sample_indices": list(range(len(ro.tokens))),
+    }
+    path = env.sidecar_dir / f"rank{0:05d}.call{0:08d}.pt"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(data, tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,360 @@
+"""Per-module kernels: P (production/native) and R (RL-Kernel aligned) implementations.
+
+Modules: ``attention`` (input norm, QKV projection, q/k norm, RoPE, core attention, output
+projection), ``ffn`` (post-attention norm, gate/up/down projections, SwiGLU) and ``logp`` (final
+norm, LM head, log-softmax, selected-token gather).
+
+P is the native path as each framework naturally calls it: ``F.linear`` in the model dtype with
+fused QKV / gate-up weights, torch SDPA (causal full-sequence on the training side; per-prompt
+prefill and masked decode against the KV cache on the rollout side), and each framework's own
+norm / RoPE / SwiGLU / log-softmax flavour (Megatron: fused fp32 epilogues and a
+max/exp/sum cross-entropy; vLLM: native-dtype epilogues and ``log_softmax``).
+
+R is one implementation used identically on both sides. Every library call it makes has a fixed
+shape whatever the batch, the sequence packing or prefill-vs-decode: rows are processed in
+fixed-size row tiles, core attention in fixed-size problem chunks over a fixed key span
+(``max_seq_len``), all in fp32. So each row sees exactly the same kernels and reduction order,
+which makes the selected logprobs bitwise identical between rollout and training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .model import AttnInputs, LayerWeights
+
+MODULES = ("attention", "ffn", "logp")
+R_BACKEND_IDS = {
+    "attention": "rlkernel.attention.deterministic.v1",
+    "ffn": "rlkernel.ffn.qwen3.deterministic.v1",
+    "logp": "rlkernel.linear_logp.bitwise.v1",
+}
+R_CONTRACT_VERSION = "rlk-ref.bitwise.v1"
+FRAMEWORK = {"training": "megatron", "rollout": "vllm"}
+
+
+def runtime_platform(device: torch.device) -> str:
+    """``cpu``, ``cuda`` or ``rocm`` (torch.cuda on a HIP build)."""
+    if device.type != "cuda":
+        return "cpu"
+    return "rocm" if torch.version.hip else "cuda"
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Fixed shapes of the R path: row tile, attention query tile, problem chunk, key span."""
+
+    row_tile: int
+    query_tile: int
+    chunk: int
+    key_span: int
+
+    @classmethod
+    def for_device(cls, device: torch.device, key_span: int) -> Tiling:
+        """Tile sizes tuned per device class (fixed for a run; both sides use the same)."""
+        if device.type == "cuda":
+            return cls(row_tile=128, query_tile=16, chunk=256, key_span=key_span)
+        return cls(row_tile=32, query_tile=8, chunk=32, key_span=key_span)
+
+
+# ---------------------------------------------------------------------------------------------
+# R primitives: fixed-shape, fp32, row-invariant.
+
+
+def _tiled(fn: Callable[..., tuple[Tensor, ...]], tile: int, *rows: Tensor) -> tuple[Tensor, ...]:
+    """Apply ``fn`` to fixed ``[tile, ...]`` row tiles of ``rows`` (zero padded) and re-join."""
+    m = rows[0].shape[0]
+    mp = -(-m // tile) * tile
+    padded = [F.pad(r, (0, 0) * (r.dim() - 1) + (0, mp - m)) if mp != m else r for r in rows]
+    clone = rows[0].device.type == "cpu"  # fresh 64-byte-aligned buffers for the CPU BLAS
+    outs: list[tuple[Tensor, ...]] = []
+    for i in range(0, mp, tile):
+        outs.append(fn(*[p[i:i + tile].clone() if clone else p[i:i + tile] for p in padded]))
+    return tuple(torch.cat(parts)[:m] for parts in zip(*outs, strict=True))
+
+
+def r_matmul(a: Tensor, b_t: Tensor, tile: int) -> Tensor:
+    """fp32 ``a @ b_t`` computed as one fixed-shape ``[tile, K] x [K, N]`` mm per row tile."""
+    return _tiled(lambda x: (torch.mm(x.float(), b_t),), tile, a)[0]
+
+
+def _r_rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """fp32 RMSNorm over the last dim (caller guarantees fixed shapes)."""
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def r_core_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, tiling: Tiling) -> Tensor:
+    """Causal attention, fp32, identical per query row for prefill, decode and training.
+
+    ``q [B, T, Hq, D]`` fp32, ``q_pos [B, T]``, ``k``/``v`` ``[B, S, Hkv, D]`` (S <= key span).
+    Query rows are grouped per (batch, kv head), padded to fixed query tiles, and processed in
+    fixed chunks of ``chunk`` tiles; each chunk does ``bmm -> mask -> max -> exp -> sum -> bmm``
+    over the whole fixed key span, so every call has the same shapes.
+    """
+    b, t, hq, d = q.shape
+    hkv, span, qt, ch = k.shape[2], tiling.key_span, tiling.query_tile, tiling.chunk
+    g = hq // hkv
+    kf = F.pad(k.float(), (0, 0, 0, 0, 0, span - k.shape[1])).permute(0, 2, 1, 3)
+    vf = F.pad(v.float(), (0, 0, 0, 0, 0, span - v.shape[1])).permute(0, 2, 1, 3)
+    kf, vf = kf.reshape(b * hkv, span, d), vf.reshape(b * hkv, span, d)
+    rows = q.reshape(b, t, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(b * hkv, t * g, d)
+    pos = q_pos[:, None, :, None].expand(b, hkv, t, g).reshape(b * hkv, t * g)
+    n = t * g
+    npad = -(-n // qt) * qt
+    rows = F.pad(rows, (0, 0, 0, npad - n))
+    pos = F.pad(pos, (0, npad - n), value=span - 1)  # padding rows see all keys: no NaN
+    nt = npad // qt
+    probs_q = rows.reshape(b * hkv * nt, qt, d)
+    probs_pos = pos.reshape(b * hkv * nt, qt)
+    group = torch.arange(b * hkv, device=q.device).repeat_interleave(nt)
+    p = probs_q.shape[0]
+    ppad = -(-p // ch) * ch
+    probs_q = F.pad(probs_q, (0, 0, 0, 0, 0, ppad - p))
+    probs_pos = F.pad(probs_pos, (0, 0, 0, ppad - p), value=span - 1)
+    group = F.pad(group, (0, ppad - p))
+    key_idx = torch.arange(span, device=q.device)
+    scale = 1.0 / math.sqrt(d)
+    outs = []
+    for i in range(0, ppad, ch):
+        gi = group[i:i + ch]
+        s = torch.bmm(probs_q[i:i + ch], kf.index_select(0, gi).transpose(1, 2)) * scale
+        s = s.masked_fill(key_idx > probs_pos[i:i + ch, :, None], float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        outs.append(torch.bmm(e / e.sum(-1, keepdim=True), vf.index_select(0, gi)))
+    o = torch.cat(outs)[:p].reshape(b, hkv, npad, d)[:, :, :n]
+    return o.reshape(b, hkv, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, hq * d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Module kernels.
+
+
+@dataclass
+class ModuleKernel:
+    """One module's implementation on one side, with what it records for the readback."""
+
+    module: str
+    target: str  # training | rollout
+    implementation: str  # production | rl_kernel
+    dtype: torch.dtype
+    tiling: Tiling
+    eps: float
+    call_count: int = 0
+    _cache: dict[tuple[int, str], Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def framework(self) -> str:
+        return FRAMEWORK[self.target]
+
+    @property
+    def backend_id(self) -> str:
+        if self.implementation == "rl_kernel":
+            return R_BACKEND_IDS[self.module]
+        return f"{self.framework}.production.{self.module}"
+
+    def _weight(self, key: tuple[int, str], make: Callable[[], Tensor]) -> Tensor:
+        """Derived weight (fp32 transposed or fused), built once per engine."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def _p_norm(self, x: Tensor, w: Tensor) -> Tensor:
+        """Native RMSNorm: Megatron/TE fused fp32 epilogue vs vLLM's cast-then-scale."""
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.framework == "megatron":
+            return (y * w.float()).to(x.dtype)
+        return y.to(x.dtype) * w
+
+
+class AttentionKernel(ModuleKernel):
+    """Attention block: norm, fused QKV, q/k norm, RoPE, core attention, output projection."""
+
+    def __call__(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
+        self.call_count += 1
+        if self.implementation == "rl_kernel":
+            return self._r(x, lw, inp)
+        return self._p(x, lw, inp)
+
+    @staticmethod
+    def _write_cache(inp: AttnInputs, k: Tensor, v: Tensor) -> None:
+        assert inp.cache is not None
+        b, t = inp.positions.shape
+        bidx = torch.arange(b, device=k.device)[:, None].expand(b, t)
+        inp.cache.k[bidx, inp.positions] = k
+        inp.cache.v[bidx, inp.positions] = v
+
+    def _r(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
+        b, t, h = x.shape
+        d = lw.q_norm.shape[0]
+        hq, hkv = lw.q_proj.shape[0] // d, lw.k_proj.shape[0] // d
+        wqkv = self._weight((lw.index, "qkv"), lambda: torch.cat(
+            [lw.q_proj, lw.k_proj, lw.v_proj]).float().t().contiguous())
+        wo = self._weight((lw.index, "o"), lambda: lw.o_proj.float().t().contiguous())
+        win, wqn, wkn = lw.input_norm.float(), lw.q_norm.float(), lw.k_norm.float()
+
+        def pre(xt: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            qkv = torch.mm(_r_rms(xt.float(), win, self.eps), wqkv)
+            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+            q = _r_rms(q.reshape(-1, hq, d), wqn, self.eps)
+            k = _r_rms(k.reshape(-1, hkv, d), wkn, self.eps)
+            q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
+            k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+            return q, k.to(self.dtype), v.reshape(-1, hkv, d).to(self.dtype)
+
+        q, k, v = _tiled(pre, self.tiling.row_tile, x.reshape(b * t, h),
+                         inp.cos.reshape(b * t, d), inp.sin.reshape(b * t, d))
+        q, k, v = q.reshape(b, t, hq, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
+        if inp.cache is not None:
+            self._write_cache(inp, k, v)
+            k, v = inp.cache.k, inp.cache.v
+        o = r_core_attention(q, inp.positions, k, v, self.tiling)
+        return r_matmul(o.reshape(b * t, hq * d), wo, self.tiling.row_tile).to(
+            self.dtype).reshape(b, t, h)
+
+    def _p(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
+        b, t, _ = x.shape
+        d = lw.q_norm.shape[0]
+        hq, hkv = lw.q_proj.shape[0] // d, lw.k_proj.shape[0] // d
+        wqkv = self._weight((lw.index, "qkv"), lambda: torch.cat([lw.q_proj, lw.k_proj, lw.v_proj]))
+        qkv = F.linear(self._p_norm(x, lw.input_norm), wqkv)
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = self._p_norm(q.reshape(b, t, hq, d), lw.q_norm)
+        k = self._p_norm(k.reshape(b, t, hkv, d), lw.k_norm)
+        v = v.reshape(b, t, hkv, d)
+        cos, sin = inp.cos[:, :, None], inp.sin[:, :, None]
+        if self.framework == "megatron":  # fused RoPE: fp32 math, cast back
+            q = (q.float() * cos + _rotate_half(q.float()) * sin).to(x.dtype)
+            k = (k.float() * cos + _rotate_half(k.float()) * sin).to(x.dtype)
+        else:  # vLLM native rotary: in the model dtype
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        g = hq // hkv
+        if inp.cache is not None:
+            self._write_cache(inp, k, v)
+        if inp.cache is None or t > 1:  # training full sequence / rollout prefill: causal
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1),
+                v.transpose(1, 2).repeat_interleave(g, 1), is_causal=True)
+        else:  # rollout decode against the KV cache
+            span = int(inp.positions.max()) + 1
+            kc = inp.cache.k[:, :span].transpose(1, 2).repeat_interleave(g, 1)
+            vc = inp.cache.v[:, :span].transpose(1, 2).repeat_interleave(g, 1)
+            mask = torch.arange(span, device=x.device)[None, :] <= inp.positions
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc,
+                                               attn_mask=mask[:, None, None, :])
+        return F.linear(o.transpose(1, 2).reshape(b, t, hq * d), lw.o_proj)
+
+
+class FfnKernel(ModuleKernel):
+    """FFN block: post-attention norm, fused gate/up, SwiGLU, down projection."""
+
+    def __call__(self, x: Tensor, lw: LayerWeights) -> Tensor:
+        self.call_count += 1
+        b, t, h = x.shape
+        inter = lw.gate_proj.shape[0]
+        if self.implementation == "rl_kernel":
+            wgu = self._weight((lw.index, "gu"), lambda: torch.cat(
+                [lw.gate_proj, lw.up_proj]).float().t().contiguous())
+            wd = self._weight((lw.index, "d"), lambda: lw.down_proj.float().t().contiguous())
+            wn = lw.post_norm.float()
+
+            def mlp(xt: Tensor) -> tuple[Tensor]:
+                gu = torch.mm(_r_rms(xt.float(), wn, self.eps), wgu)
+                gate, up = gu[:, :inter], gu[:, inter:]
+                return (torch.mm(gate * torch.sigmoid(gate) * up, wd).to(self.dtype),)
+
+            return _tiled(mlp, self.tiling.row_tile, x.reshape(b * t, h))[0].reshape(b, t, h)
+        wgu = self._weight((lw.index, "gu"), lambda: torch.cat([lw.gate_proj, lw.up_proj]))
+        gu = F.linear(self._p_norm(x, lw.post_norm), wgu)
+        gate, up = gu[..., :inter], gu[..., inter:]
+        if self.framework == "megatron":  # fused bias-SwiGLU: fp32 inside
+            act = (F.silu(gate.float()) * up.float()).to(x.dtype)
+        else:  # vLLM SiluAndMul native: model dtype
+            act = F.silu(gate) * up
+        return F.linear(act, lw.down_proj)
+
+
+class LogpKernel(ModuleKernel):
+    """Final norm, LM head, temperature, log-softmax and selected-token gather."""
+
+    def _r_tiles(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor | None,
+                 temperature: float) -> Tensor:
+        wl = self._weight((-1, "lm_head"), lambda: lm_head.float().t().contiguous())
+        wn = norm_w.float()
+
+        def tile(ht: Tensor, tt: Tensor) -> tuple[Tensor]:
+            logits = torch.mm(_r_rms(ht.float(), wn, self.eps), wl) / temperature
+            m = logits.amax(-1, keepdim=True)
+            lp = logits - (m + torch.log(torch.exp(logits - m).sum(-1, keepdim=True)))
+            return (lp if targets is None else lp.gather(-1, tt[:, None])[:, 0],)
+
+        tt = targets if targets is not None else torch.zeros(
+            h.shape[0], dtype=torch.long, device=h.device)
+        return _tiled(tile, self.tiling.row_tile, h, tt)[0]
+
+    def full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, temperature: float) -> Tensor:
+        """fp32 log-probabilities ``[N, V]`` (rollout sampling path)."""
+        self.call_count += 1
+        if self.implementation == "rl_kernel":
+            return self._r_tiles(h, norm_w, lm_head, None, temperature)
+        logits = F.linear(self._p_norm(h, norm_w), lm_head)
+        if self.framework == "megatron":
+            return self._megatron_ce(logits, temperature)
+        return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+    def selected(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor,
+                 temperature: float) -> Tensor:
+        """fp32 log-probability of ``targets`` (training recompute path)."""
+        self.call_count += 1
+        if self.implementation == "rl_kernel":
+            return self._r_tiles(h, norm_w, lm_head, targets, temperature)
+        logits = F.linear(self._p_norm(h, norm_w), lm_head)
+        if self.framework == "megatron":
+            return self._megatron_ce(logits, temperature).gather(-1, targets[:, None])[:, 0]
+        lp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        return lp.gather(-1, targets[:, None])[:, 0]
+
+    @staticmethod
+    def _megatron_ce(logits: Tensor, temperature: float) -> Tensor:
+        """Megatron-style: divide in the model dtype, then fp32 max / exp-sum / log."""
+        lf = logits.div(temperature).float()
+        shifted = lf - lf.amax(-1, keepdim=True)
+        return shifted - torch.log(shifted.exp().sum(-1, keepdim=True))
+
+
+@dataclass
+class SideKernels:
+    """The kernels one side (training or rollout) runs, one object per module."""
+
+    target: str
+    attention: AttentionKernel
+    ffn: FfnKernel
+    logp: LogpKernel
+
+    @classmethod
+    def build(cls, target: str, impls: dict[str, str], dtype: torch.dtype, tiling: Tiling,
+              eps: float) -> SideKernels:
+        """``impls`` maps module -> ``production`` | ``rl_kernel`` (what really runs)."""
+        return cls(target,
+                   AttentionKernel("attention", target, impls["attention"], dtype, tiling, eps),
+                   FfnKernel("ffn", target, impls["ffn"], dtype, tiling, eps),
+                   LogpKernel("logp", target, impls["logp"], dtype, tiling, eps))
+
+    def module(self, name: str) -> ModuleKernel:
+        return {"attention": self.attention, "ffn": self.ffn, "logp": self.logp}[name]
+
+    @property
+    def framework(self) -> str:
+        return FRAMEWORK[self.target]

@@ -1,0 +1,160 @@
+"""Test-only stand-in for an RL-Kernel + vime launcher: obeys the env contract and writes
+RL-Kernel-format artifacts, with one planted fault chosen by `FAKE_SCENARIO`.
+
+Scenarios: clean (default), silent_fallback, recorded_fallback, unsupported, contract_mismatch,
+stale_weight, crash, hang, nan, missing_readback, build_failure, no_perf, profiler.
+`FAKE_ONLY_WHEN=<cases key>` (e.g. `A-RR_F-RR_L-RR`) plants the fault in that run only.
+A P side adds a deterministic drift to that side's logprobs, so P cells drift and R/R does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+MODULES = ("attention", "ffn", "logp")
+BACKENDS = {
+    "attention": "rlkernel.attention.deterministic.v1",
+    "ffn": "rlkernel.ffn.qwen3.deterministic.v1",
+    "logp": "rlkernel.linear_logp.bitwise.v1",
+}
+SIDES = {"training": "megatron", "rollout": "vllm"}
+
+
+def _write(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    env = os.environ
+    art = Path(env["RL_KERNEL_ARTIFACT_DIR"])
+    mode = env.get("RL_KERNEL_MODE", "strict")
+    cases = {m: env.get(f"RL_KERNEL_{m.upper()}_CASE", "P/P").strip().upper() for m in MODULES}
+    key = "_".join(f"{m[0].upper()}-{cases[m].replace('/', '')}" for m in MODULES)
+    only = env.get("FAKE_ONLY_WHEN")
+    scenario = env.get("FAKE_SCENARIO", "clean") if (not only or only == key) else "clean"
+    print(f"fake framework: run {env.get('RL_KERNEL_RUN_ID')} cases {key} scenario {scenario}")
+
+    if scenario == "crash":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    if scenario == "hang":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        time.sleep(600)
+    if scenario == "build_failure":
+        print("ImportError: cannot import name '_C' from 'rl_engine' (extension unavailable)")
+        return 5
+
+    gen = torch.Generator().manual_seed(1234)
+    n_samples = int(env.get("FAKE_SAMPLES", "8"))
+    train_lp, roll_lp, masks, totals, resp = [], [], [], [], []
+    for i in range(n_samples):
+        r = 16 + i
+        base = -torch.rand(r, generator=gen, dtype=torch.float32) * 5
+        t, ro = base.clone(), base.clone()
+        for j, m in enumerate(MODULES):
+            if cases[m][0] == "P" and mode != "off" or mode == "off":
+                t = t + (1e-3 * (j + 1)) * torch.sin(torch.arange(r, dtype=torch.float32) + i)
+            if cases[m][2] == "P" and mode != "off" or mode == "off":
+                ro = ro + (2e-3 * (j + 1)) * torch.cos(torch.arange(r, dtype=torch.float32) + i)
+        if scenario in ("silent_fallback", "contract_mismatch"):
+            ro = ro + 1e-4
+        if scenario == "nan" and i == 0:
+            t[3] = float("nan")
+        mask = torch.ones(r, dtype=torch.float32)
+        mask[:2] = 0
+        train_lp.append(t)
+        roll_lp.append(ro)
+        masks.append(mask)
+        totals.append(r + 10)
+        resp.append(r)
+
+    sidecars = Path(env.get("RL_KERNEL_MISMATCH_SIDECAR_DIR", art / "mismatch-sidecars"))
+    sidecars.mkdir(parents=True, exist_ok=True)
+    torch.save({
+        "schema": "rlkernel.vime_rocm_attention_mismatch_sidecar.v1", "rank": 0, "call_index": 0,
+        "tensor_parallel_size": 1, "context_parallel_size": 1, "train_log_probs": train_lp,
+        "rollout_log_probs": roll_lp, "loss_masks": masks, "total_lengths": totals,
+        "response_lengths": resp,
+    }, sidecars / "rank00000.call00000000.pt")
+
+    audit = Path(env.get("RL_KERNEL_WEIGHT_AUDIT_DIR", art / "weight-audit"))
+    for side, fw in SIDES.items():
+        sha = "ab" * 32
+        if scenario == "stale_weight" and side == "rollout":
+            sha = "cd" * 32
+        _write(audit / f"v0.{fw}-{side}.json",
+               {"weight_version": "v0", "framework": fw, "target": side, "sha256": sha})
+
+    readbacks = Path(env.get("RL_KERNEL_READBACK_DIR", art / "readbacks"))
+    exit_code = 0
+    if mode != "off":
+        for side, fw in SIDES.items():
+            if scenario == "missing_readback" and side == "rollout":
+                continue
+            operators, fallbacks = {}, []
+            capability = None
+            for m in MODULES:
+                letter = cases[m][0] if side == "training" else cases[m][2]
+                impl = "rl_kernel" if letter == "R" else "production"
+                fb = False
+                if m == "attention" and side == "rollout" and letter == "R":
+                    if scenario == "recorded_fallback":
+                        impl, fb = "production", True
+                        fallbacks.append({"module": m, "reason": "vllm attention backend lacks "
+                                          "deterministic kernel for this head_dim"})
+                    if scenario == "unsupported":
+                        capability = {"status": "unsupported", "capability_decisions": [
+                            {"capability": "device", "requested": "rocm", "supported": False,
+                             "passed": False, "reason": "no ROCm build of this backend"}]}
+                        print("[RL-Kernel][unsupported] module=attention side=rollout "
+                              "class=platform_unsupported reason=no ROCm build of this backend")
+                        exit_code = 4 if mode == "strict" else 0
+                backend = BACKENDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
+                prov: dict[str, object] = {
+                    "interface": "fake", "operator": m, "fallback": fb,
+                    "execution": {"runtime_platform": "cpu", "tp_world_size": 1,
+                                  "cp_world_size": 1},
+                }
+                if impl == "rl_kernel":
+                    prov["arithmetic_contract"] = "bitwise"
+                    prov["contract_version"] = "fake.bitwise.v1"
+                operators[m] = {"framework": fw, "target": side, "module": m,
+                                "case_id": cases[m], "implementation": impl,
+                                "backend_id": backend, "call_count": 7,
+                                "execution_mode": "eager", "provenance": prov}
+                print(f"[RL-Kernel][route] framework={fw} target={side} module={m} "
+                      f"case={cases[m]} implementation={impl} backend_id={backend} "
+                      f"fallback={'true' if fb else 'false'}")
+            data: dict[str, object] = {
+                "framework": fw, "target": side,
+                "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": {}},
+                "installed_hooks": {}, "fallbacks": fallbacks, "profile_calls": {},
+                "operators": operators,
+            }
+            if capability:
+                data["capability"] = capability
+            _write(readbacks / f"{fw}-{side}-{os.getpid()}.json", data)
+    else:
+        print("contract_id=vime.native.linear_logp.v1")
+
+    if scenario == "profiler":
+        print("[RL-Kernel][contamination] profiler=1")
+    if scenario != "no_perf":
+        print("perf 0: {'perf/rollout_time': 1.5, 'perf/tokens_per_gpu_per_sec': 1000.0}")
+        print("perf 0: {'perf/step_time': 3.25, 'perf/train_time': 1.25, "
+              "'perf/update_weights_time': 0.5, 'perf/tokens_per_sec': 800.0, "
+              "'perf/peak_memory_bytes': 1048576}")
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
