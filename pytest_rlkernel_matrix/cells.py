@@ -126,9 +126,14 @@ def _full(cases: Sequence[str]) -> Iterator[tuple[str, str, Cases]]:
 
 
 def expand(
-    section: MatrixSection, hardware: Sequence[str], layout: str | None = None
+    section: MatrixSection, hardware: Sequence[str], layout: str | None = None,
+    mode: str | None = None,
 ) -> list[Cell]:
-    """All cells of a layout for each hardware profile, in a stable order (baselines first)."""
+    """All cells of a layout for each hardware profile, in a stable order (baselines first).
+
+    In mode `off` RL-Kernel is disabled, so a cell whose varied case is P/P really runs every
+    module natively: its effective cases are all P/P (one native run, named by each P/P cell).
+    """
     chosen = layout or section.layout
     if chosen == "pairwise":
         points = list(_pairwise(section, section.cases))
@@ -140,6 +145,9 @@ def expand(
         points = list(_full(section.cases))
     else:  # pragma: no cover - the option parser restricts choices
         raise ValueError(f"unknown layout {chosen!r}")
+    if mode == "off":
+        native = Cases("P/P", "P/P", "P/P")
+        points = [(m, c, native if (c == "P/P" or cs.is_native) else cs) for m, c, cs in points]
     return [Cell(hw, module, case, cases) for hw in hardware for module, case, cases in points]
 
 

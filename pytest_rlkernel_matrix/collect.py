@@ -57,8 +57,8 @@ def rlk_matrix_cell(
 class MatrixItem(pytest.Function):
     """One (hardware, module, case) cell."""
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{self.parent.name}::{self.name}"
+    def reportinfo(self) -> tuple[Any, int, str]:
+        return self.path, 0, f"{self.parent.name}::{self.name}"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, CellFailed):
@@ -77,7 +77,7 @@ class HardwareNode(pytest.Collector):
 
     def collect(self) -> Iterator[MatrixItem]:
         session = self.config.stash[SESSION_KEY]
-        for cell in expand(session.matrix.matrix, [self.name], session.layout):
+        for cell in expand(session.matrix.matrix, [self.name], session.layout, session.mode):
             item = MatrixItem.from_parent(self, name=cell.name, callobj=rlk_matrix_cell)
             item.stash[CELL_KEY] = cell
             item.add_marker(pytest.mark.rlk_hardware(cell.hardware, name=cell.hardware))

@@ -73,15 +73,15 @@ class LogScan:
         out: dict[str, list[float]] = {}
         perf = sorted(self.records.get("perf", []), key=lambda r: r[0])
         for name, keys in PHASE_KEYS.items():
-            values: list[float] = []
-            for _, rec in perf:
-                for key in keys:
-                    v = rec.get(key)
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        values.append(float(v))
-                        break
-            if values:
-                out[name] = values
+            # The first key (in priority order) that any record carries; never a mix of keys.
+            for key in keys:
+                values = [
+                    float(v) for _, rec in perf
+                    if isinstance(v := rec.get(key), (int, float)) and not isinstance(v, bool)
+                ]
+                if values:
+                    out[name] = values
+                    break
         return out
 
     def phases(self) -> tuple[dict[str, float | None], dict[str, object]]:

@@ -111,7 +111,8 @@ class MatrixSession:
     # -- environment ----------------------------------------------------------------------------
     def run_id(self, cell: Cell) -> str:
         owner = self.canonical.get(cell.run_key, cell)
-        return f"{owner.hardware}-{owner.slug}-{self.root.name.removeprefix('ablation-matrix-')}"
+        stamp = self.created.replace("-", "").replace(":", "").split("+")[0]
+        return f"{owner.hardware}-{owner.slug}-{stamp}Z-{self.token[:8]}"
 
     def command_cwd(self) -> Path:
         cwd = self.matrix.runner.cwd

@@ -32,7 +32,7 @@ SIDECAR_SCHEMA = "rlk-reference.mismatch_sidecar.v1"
 FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupported")
 EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
 RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
-    "tiny": (16, 224, 3), "small": (16, 160, 3), "qwen3-0.6b": (160, 512, 16)}
+    "tiny": (16, 224, 3), "small": (16, 160, 3), "qwen3-0.6b": (320, 256, 32)}
 
 
 class UsageError(Exception):
@@ -232,29 +232,27 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
     """vLLM-style generation: per-prompt prefill, then batched decode that shrinks."""
     dev = prompts[0].device
     eos = model.cfg.eos_token_id
-    caches_per_prompt, last_h = [], []
-    for p in prompts:  # varlen prefill, one prompt at a time
-        cache = model.new_cache(1)
-        h = model.hidden(k, p[None], torch.arange(p.numel(), device=dev)[None], cache)
-        caches_per_prompt.append(cache)
-        last_h.append(h[0, -1])
-    caches = [type(c[0])(torch.cat([cp[i].k for cp in caches_per_prompt]),
-                         torch.cat([cp[i].v for cp in caches_per_prompt]))
-              for i, c in enumerate(zip(*caches_per_prompt, strict=True))]
-    out_tok: list[list[Tensor]] = [[] for _ in prompts]
-    out_lp: list[list[Tensor]] = [[] for _ in prompts]
-    active = torch.arange(len(prompts), device=dev)
     lengths = torch.tensor([p.numel() for p in prompts], device=dev)
-    h = torch.stack(last_h)
+    width = int(lengths.max())
+    batch = torch.zeros(len(prompts), width, dtype=torch.long, device=dev)
+    for i, p in enumerate(prompts):  # right-padded batched prefill (causal: padding is inert)
+        batch[i, :p.numel()] = p
+    caches = model.new_cache(len(prompts))
+    pos = torch.arange(width, device=dev)[None].expand(len(prompts), width)
+    hp = model.hidden(k, batch, pos, caches)
+    h = hp[torch.arange(len(prompts), device=dev), lengths - 1]
+    out_tok: list[list[int]] = [[] for _ in prompts]
+    out_lp: list[list[float]] = [[] for _ in prompts]  # fp32 values, exact as Python floats
+    active = torch.arange(len(prompts), device=dev)
     while True:
         lp = model.logprobs(k, h, temperature)
         tok = sample_top_p(lp, top_p, gen)
-        sel = lp.gather(-1, tok[:, None])[:, 0]
+        sel = lp.gather(-1, tok[:, None])[:, 0].float().cpu().tolist()
         done = []
-        for j, (i, t, s) in enumerate(zip(active.tolist(), tok, sel, strict=True)):
+        for i, t, s in zip(active.tolist(), tok.tolist(), sel, strict=True):
             out_tok[i].append(t)
             out_lp[i].append(s)
-            done.append(int(t) == eos or len(out_tok[i]) >= max_new[i])
+            done.append(t == eos or len(out_tok[i]) >= max_new[i])
         keep = torch.tensor([not d for d in done], device=dev)
         if not bool(keep.any()):
             break
@@ -264,9 +262,10 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
             caches = [c.select(rows) for c in caches]
         h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
         lengths = lengths + 1
-    return Rollout([torch.cat([p, torch.stack(t)]) for p, t in zip(prompts, out_tok, strict=True)],
+    return Rollout([torch.cat([p, torch.tensor(t, device=dev)])
+                    for p, t in zip(prompts, out_tok, strict=True)],
                    [p.numel() for p in prompts],
-                   [torch.stack(x).float().cpu() for x in out_lp])
+                   [torch.tensor(x, dtype=torch.float32) for x in out_lp])
 
 
 def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, temperature: float,
@@ -367,8 +366,8 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
         "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
         "fault_drill": None if drill is None else {
             **asdict(drill),
-            "applied": env.mode != "off" and env.requested(drill.module, drill.side)
-            == "rl_kernel" or drill.kind == "corrupt_weight"},
+            "applied": drill.kind == "corrupt_weight" or (
+                env.mode != "off" and env.requested(drill.module, drill.side) == "rl_kernel")},
         "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
                        "claimed": routes[s].claimed} for s in SIDES},
     }

@@ -59,7 +59,7 @@ class Tiling:
     def for_device(cls, device: torch.device, key_span: int) -> Tiling:
         """Tile sizes tuned per device class (fixed for a run; both sides use the same)."""
         if device.type == "cuda":
-            return cls(row_tile=128, query_tile=16, chunk=256, key_span=key_span)
+            return cls(row_tile=256, query_tile=16, chunk=1024, key_span=key_span)
         return cls(row_tile=32, query_tile=8, chunk=32, key_span=key_span)
 
 
@@ -248,7 +248,7 @@ class AttentionKernel(ModuleKernel):
                 q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1),
                 v.transpose(1, 2).repeat_interleave(g, 1), is_causal=True)
         else:  # rollout decode against the KV cache
-            span = int(inp.positions.max()) + 1
+            span = inp.span
             kc = inp.cache.k[:, :span].transpose(1, 2).repeat_interleave(g, 1)
             vc = inp.cache.v[:, :span].transpose(1, 2).repeat_interleave(g, 1)
             mask = torch.arange(span, device=x.device)[None, :] <= inp.positions

@@ -72,7 +72,7 @@ def weight_names(cfg: ModelConfig) -> list[str]:
             "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
             "self_attn.k_norm.weight", "post_attention_layernorm.weight",
             "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")]
-    return names + ["model.norm.weight", "lm_head.weight"]
+    return [*names, "model.norm.weight", "lm_head.weight"]
 
 
 def init_weights(cfg: ModelConfig, seed: int, dtype: torch.dtype,
@@ -181,6 +181,7 @@ class AttnInputs:
     cos: Tensor
     sin: Tensor
     cache: KVCache | None
+    span: int = 0  # decode: keys in use (max position + 1), host-side metadata like vLLM's
 
 
 class Qwen3:
@@ -220,8 +221,10 @@ class Qwen3:
         """Final hidden states ``[B, T, H]`` (before the final norm) for ``tokens [B, T]``."""
         x = self.weights["model.embed_tokens.weight"][tokens]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        span = int(positions.max()) + 1 if caches is not None else 0
         for layer in self.layers:
-            inp = AttnInputs(positions, cos, sin, None if caches is None else caches[layer.index])
+            cache = None if caches is None else caches[layer.index]
+            inp = AttnInputs(positions, cos, sin, cache, span)
             x = x + kernels.attention(x, layer, inp)
             x = x + kernels.ffn(x, layer)
         return x

@@ -1,0 +1,42 @@
+"""Shared helpers for the project's own tests."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# pytester's in-process runs restore sys.modules afterwards; numpy and torch cannot be imported
+# twice in one process, so load the plugin's lazily imported modules once, here, up front.
+import pytest_rlkernel_matrix.session  # noqa: F401
+import torch  # noqa: F401
+
+pytest_plugins = ["pytester"]
+
+FAKE = Path(__file__).with_name("fake_framework.py")
+
+
+def matrix_toml(
+    *, mode: str = "audit", layout: str = "pairwise", env: dict[str, str] | None = None,
+    timeout: float = 60, extra: str = "", modules: str = '["attention", "ffn", "logp"]',
+    hardware: str = '[hardware.cpu]\nbackend = "cpu"\n',
+) -> str:
+    env_line = ", ".join(f'{k} = "{v}"' for k, v in (env or {}).items())
+    return (
+        f'[matrix]\nname = "test"\nmodules = {modules}\nmode = "{mode}"\nlayout = "{layout}"\n'
+        f"{extra}\n"
+        f'[runner]\ncommand = ["{sys.executable}", "{FAKE}"]\ntimeout = {timeout}\n'
+        f"env = {{ {env_line} }}\n\n{hardware}"
+    )
+
+
+@pytest.fixture
+def make_matrix(pytester: pytest.Pytester) -> Callable[..., Path]:
+    """Write `matrix.toml` for the fake framework into the pytester directory."""
+
+    def make(**kwargs: object) -> Path:
+        return pytester.makefile(".toml", matrix=matrix_toml(**kwargs))  # type: ignore[arg-type]
+
+    return make

@@ -1,0 +1,358 @@
+"""The plugin end to end: pytester sessions over the fake framework (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REQUIRED_FIELDS = (
+    "requested_case", "actual_training_implementation", "actual_rollout_implementation",
+    "training_backend_id", "rollout_backend_id", "contract_id", "build_fingerprint",
+    "hardware_fingerprint", "fallbacks", "exit_code", "active_token_count",
+    "logprob_abs_diff_mean", "logprob_abs_diff_max", "logprob_abs_diff_p50",
+    "logprob_abs_diff_p90", "logprob_abs_diff_p99", "mismatch_count", "rollout_wall_time",
+    "training_wall_time", "weight_sync_wall_time", "step_wall_time", "tokens_per_second",
+    "peak_memory", "hardware", "module", "case", "cases", "verdict", "reasons", "run_id",
+    "artifact_dir", "validity",
+)
+
+
+def _outcomes(result: pytest.RunResult) -> dict[str, int]:
+    """Summary-line counts; pytest spells its own 'error' category 'errors'."""
+    out = result.parseoutcomes()
+    out.pop("deselected", None)
+    if "errors" in out:
+        out["error"] = out.pop("errors")
+    return out
+
+
+def _report(root: Path) -> dict:
+    return json.loads((root / "matrix-report.json").read_text())
+
+
+def _cell(report: dict, module: str, case: str) -> dict:
+    (cell,) = [c for c in report["cells"] if c["module"] == module and c["case"] == case]
+    return cell
+
+
+def test_plugin_import_is_light() -> None:
+    code = ("import sys, pytest_rlkernel_matrix.plugin as p; "
+            "print(sorted(m for m in ('torch', 'vllm', 'megatron', 'numpy', 'pydantic') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_pairwise_collects_one_item_per_cell(pytester: pytest.Pytester, make_matrix) -> None:
+    make_matrix()
+    result = pytester.runpytest("--collect-only", "-q", "--rlk-hardware=cpu")
+    lines = [ln for ln in result.outlines if ln.startswith("matrix.toml::")]
+    assert len(lines) == 12
+    assert "matrix.toml::cpu::attention[P/R]" in lines
+    assert "matrix.toml::cpu::logp[R/R]" in lines
+
+
+@pytest.mark.parametrize(
+    ("args", "count"),
+    [
+        (["-k", "attention"], 4),
+        (["-k", "attention and P/R"], 1),
+        (["-k", "cpu and ffn and not R/R"], 3),
+        (["-m", "rlk_baseline"], 3),
+        (["-m", "rlk_module(name='ffn')"], 4),
+        (["-m", "rlk_case(case='R/P')"], 3),
+        (["--rlk-layout=reduced"], 6),
+        (["--rlk-layout=module-factorial"], 8),
+        (["--rlk-layout=full"], 64),
+    ],
+)
+def test_selection(pytester: pytest.Pytester, make_matrix, args: list[str], count: int) -> None:
+    make_matrix()
+    result = pytester.runpytest("--rlk-plan", "--rlk-hardware=cpu", *args)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"# rlk plan: {count} cells, matrix root *"])
+
+
+def test_plan_prints_env_and_runs_nothing(pytester: pytest.Pytester, make_matrix,
+                                          tmp_path: Path) -> None:
+    make_matrix(hardware='[hardware.h100]\nbackend = "cuda"\nmatch = { device_name = "H100" }\n'
+                'env = { CUDA_DEVICE_MAX_CONNECTIONS = "1", HF_TOKEN = "hunter2" }\n')
+    root = tmp_path / "root"
+    result = pytester.runpytest("--rlk-plan", "--rlk-hardware=h100", "-k", "attention",
+                                f"--rlk-matrix-root={root}")
+    assert result.ret == 0
+    text = result.stdout.str()
+    assert "RL_KERNEL_ATTENTION_CASE=P/R" in text
+    assert "RL_KERNEL_FFN_CASE=R/R" in text
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+    assert "hunter2" not in text and "HF_TOKEN='<redacted>'" in text
+    assert text.count("# h100/attention-") == 4
+    assert not root.exists()
+
+
+def test_hardware_not_on_this_machine_is_a_usage_error(pytester: pytest.Pytester,
+                                                       make_matrix) -> None:
+    make_matrix(hardware='[hardware.cpu]\nbackend = "cpu"\n[hardware.h100]\nbackend = "cuda"\n'
+                'match = { device_name = "H100" }\n')
+    result = pytester.runpytest("--rlk-hardware=h100")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--rlk-hardware=h100: this machine is detected as cpu*"])
+    result = pytester.runpytest("--rlk-hardware=mi999", "--rlk-plan")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--rlk-hardware names mi999*"])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[matrix]\nlayot = "full"\n[runner]\ncommand = "x"\n[hardware.cpu]\nbackend = "cpu"\n',
+         "matrix.layot: unknown key"),
+        ('[runner]\ncommand = "x"\ntimeout = -1\n[hardware.cpu]\nbackend = "cpu"\n',
+         "runner.timeout: Input should be greater than 0"),
+        ('[matrix]\ncases = ["P/R", "X/Y"]\n[runner]\ncommand = "x"\n[hardware.cpu]\n'
+         'backend = "cpu"\n', "matrix.cases: 'X/Y' is not a case"),
+        ('[runner]\ncommand = "x"\n[hardware.h100]\nbackend = "nvidia"\n',
+         "hardware.h100.backend: Input should be 'cuda', 'rocm' or 'cpu'"),
+        ('[matrix]\ncases = ["P/R"]\n[runner]\ncommand = "x"\n[hardware.cpu]\nbackend = "cpu"\n',
+         "cases must include 'R/R'"),
+        ('[hardware.cpu]\nbackend = "cpu"\n', "runner: required key is missing"),
+        ("[matrix\n", "not valid TOML"),
+    ],
+)
+def test_bad_matrix_file_is_a_one_paragraph_usage_error(
+    pytester: pytest.Pytester, text: str, expected: str
+) -> None:
+    path = pytester.makefile(".toml", matrix=text)
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert str(path) in err
+    assert expected in err
+    assert "Traceback" not in err + result.stdout.str()
+
+
+def test_full_pairwise_run_report_and_dedup(pytester: pytest.Pytester, make_matrix,
+                                            tmp_path: Path) -> None:
+    make_matrix(env={"HF_TOKEN": "hunter2", "WANDB_API_KEY": "k-123"})
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-p", "no:randomly")
+    assert result.ret == 0
+    assert _outcomes(result) == {"valid": 12}
+    report = _report(root)
+    assert report["complete"] is True and report["summary"] == {"valid": 12}
+    assert report["schema_version"] == "rlk-matrix.report.v1"
+    assert len(report["cells"]) == 12
+    for cell in report["cells"]:
+        missing = [f for f in REQUIRED_FIELDS if f not in cell]
+        assert not missing, (cell["module"], cell["case"], missing)
+        assert set(cell["validity"]) == {"route", "semantic", "numeric", "performance"}
+    # R/R of every module is one run, in one directory, reported three times.
+    baselines = [c for c in report["cells"] if c["case"] == "R/R"]
+    assert {c["artifact_dir"] for c in baselines} == {"cpu/attention-rr"}
+    assert {c["run_id"] for c in baselines} == {baselines[0]["run_id"]}
+    assert not (root / "cpu" / "ffn-rr").exists()
+    assert sorted(_cell(report, "ffn", "R/R")["shared_with"]) == ["cpu/attention-rr",
+                                                                  "cpu/logp-rr"]
+    assert len({c["run_id"] for c in report["cells"]}) == 10
+    rr = _cell(report, "attention", "R/R")
+    assert rr["mismatch_count"] == 0 and rr["contract"] == {"kind": "bitwise"}
+    pr = _cell(report, "attention", "P/R")
+    assert pr["mismatch_count"] > 0 and pr["actual_training_implementation"] == "production"
+    assert pr["actual_rollout_implementation"] == "rl_kernel"
+    assert pr["validity"]["numeric"]["valid"] is None  # no contract with a P side: not judged
+    # Artifacts per cell; secrets never written.
+    cell_dir = root / "cpu" / "attention-pr"
+    for name in ("matrix-case.env", "run.log", "exit-code", "readbacks", "mismatch-sidecars"):
+        assert (cell_dir / name).exists(), name
+    env_text = (cell_dir / "matrix-case.env").read_text()
+    assert "RL_KERNEL_ATTENTION_CASE=P/R" in env_text
+    assert "HF_TOKEN='<redacted>'" in env_text and "WANDB_API_KEY='<redacted>'" in env_text
+    for path in root.rglob("*"):
+        if path.is_file() and path.suffix != ".pt":
+            assert "hunter2" not in path.read_text(errors="replace"), path
+    assert (root / "preflight.json").exists()
+    assert "rlk matrix" in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "case", "verdict", "reason"),
+    [
+        ("clean", "R/R", "valid", None),
+        ("silent_fallback", "R/R", "contract_mismatch", "bitwise contract violated"),
+        ("contract_mismatch", "R/R", "contract_mismatch", "bitwise contract violated"),
+        ("recorded_fallback", "R/R", "fallback", "attention rollout: fallback recorded"),
+        ("unsupported", "R/R", "unsupported", "platform_unsupported: attention rollout"),
+        ("build_failure", "R/R", "unsupported", "build_failure"),
+        ("stale_weight", "R/R", "incomparable", "weight version v0"),
+        ("crash", "R/R", "error", "exit code 1"),
+        ("nan", "P/R", "error", "NaN/inf"),
+        ("missing_readback", "R/R", "error", "R route unproven"),
+    ],
+)
+def test_planted_faults_get_their_verdict(
+    pytester: pytest.Pytester, make_matrix, tmp_path: Path, scenario: str, case: str,
+    verdict: str, reason: str | None,
+) -> None:
+    make_matrix(env={"FAKE_SCENARIO": scenario}, modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-k", f"attention and {case}")
+    cell = _cell(_report(root), "attention", case)
+    assert cell["verdict"] == verdict, cell["reasons"]
+    if reason:
+        assert any(reason in r for r in cell["reasons"]), cell["reasons"]
+    assert _outcomes(result) == {verdict: 1}
+    # audit mode fails only error/incomparable
+    assert (result.ret != 0) == (verdict in ("error", "incomparable"))
+
+
+def test_hang_past_timeout_kills_the_process_group(pytester: pytest.Pytester, make_matrix,
+                                                   tmp_path: Path) -> None:
+    make_matrix(env={"FAKE_SCENARIO": "hang"}, timeout=3, modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "attention and R/R")
+    cell = _cell(_report(root), "attention", "R/R")
+    assert cell["verdict"] == "error" and cell["timed_out"] is True
+    assert any("timeout" in r for r in cell["reasons"])
+    log = (root / "cpu" / "attention-rr" / "run.log").read_text()
+    assert "timeout after 3 s: killed process group" in log
+    assert result.ret == 1
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "time.sleep(600)" not in ps
+
+
+def test_strict_baseline_gate(pytester: pytest.Pytester, make_matrix, tmp_path: Path) -> None:
+    make_matrix()
+    ok = pytester.runpytest("--rlk-mode=strict", "-m", "rlk_baseline",
+                            f"--rlk-matrix-root={tmp_path / 'a'}")
+    assert ok.ret == 0 and _outcomes(ok) == {"valid": 3}
+    make_matrix(env={"FAKE_SCENARIO": "silent_fallback"})
+    bad = pytester.runpytest("--rlk-mode=strict", "-m", "rlk_baseline",
+                             f"--rlk-matrix-root={tmp_path / 'b'}")
+    assert bad.ret == 1
+    assert _outcomes(bad)["contract_mismatch"] == 3
+    bad.stdout.fnmatch_lines(["cpu attention R/R: contract_mismatch (FAILED)",
+                              "    bitwise contract violated: 140 of 140 active tokens differ*"])
+    # the same fault in audit mode is recorded but does not fail the session
+    audit = pytester.runpytest("--rlk-mode=audit", "-m", "rlk_baseline",
+                               f"--rlk-matrix-root={tmp_path / 'c'}")
+    assert audit.ret == 0
+
+
+def test_off_mode_runs_only_native_cells(pytester: pytest.Pytester, make_matrix,
+                                         tmp_path: Path) -> None:
+    make_matrix(modules='["attention", "ffn"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest("--rlk-mode=off", f"--rlk-matrix-root={root}")
+    assert result.ret == 0
+    assert _outcomes(result) == {"valid": 2, "skipped": 6}
+    assert [p.name for p in (root / "cpu").iterdir()] == ["attention-pp"]  # one native run
+    report = _report(root)
+    pp = _cell(report, "attention", "P/P")
+    assert pp["verdict"] == "valid" and pp["mismatch_count"] > 0
+    assert pp["contract_id"] == "vime.native.linear_logp.v1"
+    assert _cell(report, "attention", "R/R")["verdict"] == "not_run"
+
+
+def test_xdist_writes_one_complete_report(pytester: pytest.Pytester, make_matrix,
+                                          tmp_path: Path) -> None:
+    make_matrix()
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess("-n", "2", f"--rlk-matrix-root={root}")
+    assert result.ret == 0
+    report = _report(root)
+    assert report["complete"] is True and len(report["cells"]) == 12
+    assert len({c["run_id"] for c in report["cells"]}) == 10
+    assert len(list((root / "cpu").iterdir())) == 10
+
+
+def test_artifacts_are_never_overwritten(pytester: pytest.Pytester, make_matrix,
+                                         tmp_path: Path) -> None:
+    make_matrix(modules='["attention"]')
+    root = tmp_path / "root"
+    first = pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "R/R")
+    assert first.ret == 0
+    again = pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "R/R")
+    assert again.ret == pytest.ExitCode.USAGE_ERROR
+    again.stderr.fnmatch_lines(["*already holds preflight.json*never overwritten*"])
+    other = tmp_path / "other"
+    (other / "cpu" / "attention-pr").mkdir(parents=True)
+    (other / "cpu" / "attention-pr" / "run.log").write_text("somebody else's run\n")
+    third = pytester.runpytest(f"--rlk-matrix-root={other}", "-k", "P/R")
+    cell = _cell(_report(other), "attention", "P/R")
+    assert cell["verdict"] == "error" and "refusing to overwrite" in cell["reasons"][0]
+    assert (other / "cpu" / "attention-pr" / "run.log").read_text() == "somebody else's run\n"
+    assert third.ret == 1
+
+
+def test_matrix_root_from_env_and_other_cwd(pytester: pytest.Pytester, make_matrix,
+                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    path = make_matrix(modules='["attention"]')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("MATRIX_STAMP", "20260830")
+    monkeypatch.delenv("MATRIX_ROOT", raising=False)
+    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", "-k", "R/R")
+    assert result.ret == 0, result.stdout.str()
+    root = path.parent / "outputs" / "rlkernel" / "ablation-matrix-20260830"
+    assert _report(root)["summary"] == {"valid": 1}
+
+
+def test_conftest_fixture_override_and_record_property(pytester: pytest.Pytester, make_matrix,
+                                                       tmp_path: Path) -> None:
+    make_matrix(env={"FAKE_SCENARIO": "recorded_fallback"}, modules='["attention"]')
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture
+        def rlk_mode():
+            return "strict"
+
+        def pytest_rlk_cell_env(config, cell, env):
+            env["SITE_MARKER"] = cell.slug
+        """
+    )
+    root = tmp_path / "root"
+    xml = tmp_path / "junit.xml"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "R/R", f"--junitxml={xml}",
+                                "-o", "junit_family=xunit1")
+    assert result.ret == 1  # strict (from the conftest fixture) fails the fallback
+    assert _cell(_report(root), "attention", "R/R")["mode"] == "strict"
+    assert "SITE_MARKER=attention-rr" in (root / "cpu/attention-rr/matrix-case.env").read_text()
+    assert 'name="rlk_verdict" value="fallback"' in xml.read_text()
+
+
+def test_interrupt_still_writes_the_report(pytester: pytest.Pytester, make_matrix,
+                                           tmp_path: Path) -> None:
+    script = tmp_path / "interrupt.sh"
+    script.write_text("#!/bin/sh\nkill -INT $PPID\nsleep 30\n")
+    script.chmod(0o755)
+    pytester.makefile(".toml", matrix=(
+        f'[matrix]\nmodules = ["attention"]\n[runner]\ncommand = ["{script}"]\ntimeout = 60\n'
+        '[hardware.cpu]\nbackend = "cpu"\n'))
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess(f"--rlk-matrix-root={root}")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    report = _report(root)
+    assert report["interrupted"] is True and report["complete"] is False
+
+
+def test_every_cell_of_a_crashing_matrix_is_reported(pytester: pytest.Pytester, make_matrix,
+                                                     tmp_path: Path) -> None:
+    make_matrix(env={"FAKE_SCENARIO": "crash", "FAKE_ONLY_WHEN": "A-PR_F-RR_L-RR"},
+                modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}")
+    assert _outcomes(result) == {"valid": 3, "error": 1}
+    report = _report(root)
+    assert report["complete"] is True
+    err = _cell(report, "attention", "P/R")
+    assert "CUDA error" in " ".join(err["reasons"])
+    assert os.path.exists(root / err["artifact_dir"] / "run.log")
