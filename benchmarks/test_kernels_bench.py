@@ -47,7 +47,7 @@ def _call(setup: dict, module: str, impl: str) -> Callable[[], torch.Tensor]:
 
 @pytest.mark.parametrize("impl", ["production", "rl_kernel"])
 @pytest.mark.parametrize("module", ["attention", "ffn", "logp"])
-def test_module(benchmark, setup: dict, module: str, impl: str) -> None:  # noqa: ANN001
+def test_module(benchmark, setup: dict, module: str, impl: str) -> None:
     fn = _call(setup, module, impl)
     with torch.inference_mode():
         benchmark.extra_info.update(module=module, implementation=impl, rows=BATCH * SEQ)

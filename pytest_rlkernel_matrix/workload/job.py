@@ -21,10 +21,22 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .kernels import MODULES, R_BACKEND_IDS, R_CONTRACT_VERSION, SideKernels, Tiling
-from .kernels import runtime_platform
-from .model import PRESETS, Qwen3, checkpoint_fingerprint, init_weights, load_checkpoint
-from .model import weights_sha256
+from .kernels import (
+    MODULES,
+    R_BACKEND_IDS,
+    R_CONTRACT_VERSION,
+    SideKernels,
+    Tiling,
+    runtime_platform,
+)
+from .model import (
+    PRESETS,
+    Qwen3,
+    checkpoint_fingerprint,
+    init_weights,
+    load_checkpoint,
+    weights_sha256,
+)
 
 SIDES = ("training", "rollout")
 CASES = ("P/P", "P/R", "R/P", "R/R")
