@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401
 
 # pytester's in-process runs restore sys.modules afterwards; numpy and torch cannot be imported
 # twice in one process, so load the plugin's lazily imported modules once, here, up front.
 import pytest_rlkernel_matrix.session  # noqa: F401
-import torch  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

@@ -61,9 +61,9 @@ def main() -> int:
         base = -torch.rand(r, generator=gen, dtype=torch.float32) * 5
         t, ro = base.clone(), base.clone()
         for j, m in enumerate(MODULES):
-            if cases[m][0] == "P" and mode != "off" or mode == "off":
+            if cases[m][0] == "P" or mode == "off":
                 t = t + (1e-3 * (j + 1)) * torch.sin(torch.arange(r, dtype=torch.float32) + i)
-            if cases[m][2] == "P" and mode != "off" or mode == "off":
+            if cases[m][2] == "P" or mode == "off":
                 ro = ro + (2e-3 * (j + 1)) * torch.cos(torch.arange(r, dtype=torch.float32) + i)
         if scenario in ("silent_fallback", "contract_mismatch"):
             ro = ro + 1e-4

@@ -356,3 +356,18 @@ def test_every_cell_of_a_crashing_matrix_is_reported(pytester: pytest.Pytester, 
     err = _cell(report, "attention", "P/R")
     assert "CUDA error" in " ".join(err["reasons"])
     assert os.path.exists(root / err["artifact_dir"] / "run.log")
+
+
+def test_report_command_reproduces_the_report(pytester: pytest.Pytester, make_matrix,
+                                              tmp_path: Path) -> None:
+    make_matrix(env={"FAKE_SCENARIO": "recorded_fallback", "FAKE_ONLY_WHEN": "A-PR_F-RR_L-RR"})
+    root = tmp_path / "root"
+    pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "attention or ffn")
+    out = tmp_path / "again.json"
+    done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report",
+                           str(root), "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    before, after = _report(root), json.loads(out.read_text())
+    before.pop("created"), after.pop("created")
+    assert before == after
+    assert before["summary"] == {"fallback": 1, "valid": 7}

@@ -1,0 +1,74 @@
+"""`rlk-matrix`: work on matrix roots without re-running cells.
+
+- `rlk-matrix preflight [--output DIR]`: only the preflight (fingerprints, raw command output);
+- `rlk-matrix report <matrix-root> [--output FILE]`: re-read every run directory's artifacts and
+  rewrite `matrix-report.json` (the request's `analyze-ablation-matrix.py --matrix-root --output`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_rlkernel_matrix import __version__
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from pytest_rlkernel_matrix import preflight as pf
+    from pytest_rlkernel_matrix.report import write_json_atomic
+
+    out = Path(args.output)
+    target = out / "preflight.json"
+    if target.exists():
+        print(f"rlk-matrix: {target} exists; refusing to overwrite", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    raw = out / "preflight-raw"
+    raw.mkdir(exist_ok=True)
+    data = pf.collect_preflight(raw_dir=raw)
+    hw, build = pf.fingerprint(data)
+    write_json_atomic(target, data)
+    gpu = data.get("gpu", {})
+    print(f"preflight: {target} (backend {gpu.get('backend')}, {gpu.get('count')} GPU(s); "
+          f"hardware {hw}, build {build})")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pytest_rlkernel_matrix.reanalyze import reanalyze
+
+    root = Path(args.matrix_root)
+    if not (root / "matrix-report.json").exists() and not any(root.glob("*/*/cell-run.json")):
+        print(f"rlk-matrix: {root} holds no matrix run (no */*/cell-run.json)", file=sys.stderr)
+        return 2
+    path = reanalyze(root, Path(args.output) if args.output else None)
+    report = json.loads(path.read_text())
+    print(f"report: {path}: {report['summary']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlk-matrix", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("preflight", help="fingerprint this machine and software; run nothing")
+    p.add_argument("--output", default=".", help="directory for preflight.json (default: .)")
+    p.set_defaults(func=_preflight)
+    r = sub.add_parser("report", help="re-read a matrix root's artifacts; rewrite the report")
+    r.add_argument("matrix_root")
+    r.add_argument("--output", default=None,
+                   help="report path (default: <matrix-root>/matrix-report.json)")
+    r.set_defaults(func=_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

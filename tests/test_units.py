@@ -1,0 +1,111 @@
+"""Unit tests of the pure pieces: cells, metrics, log scanning, schema, runner env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pytest_rlkernel_matrix.cells import Cases, expand
+from pytest_rlkernel_matrix.logscan import scan_log
+from pytest_rlkernel_matrix.matrix import MatrixFileError, MatrixSection, load_matrix
+from pytest_rlkernel_matrix.metrics import Sample, compute
+from pytest_rlkernel_matrix.runner import render_case_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_layouts() -> None:
+    section = MatrixSection()
+    pairwise = expand(section, ["cpu"])
+    assert [c.name for c in pairwise[:4]] == [
+        "attention[R/R]", "attention[P/R]", "attention[R/P]", "attention[P/P]"]
+    assert pairwise[1].cases == Cases("P/R", "R/R", "R/R")
+    assert len({c.run_key for c in pairwise}) == 10
+    assert len(expand(section, ["cpu"], "reduced")) == 6
+    factorial = expand(section, ["cpu"], "module-factorial")
+    assert {c.case for c in factorial} == {f"M{a}{b}{c}" for a in "01" for b in "01" for c in "01"}
+    m100 = next(c for c in factorial if c.case == "M100")
+    assert m100.cases == Cases("R/R", "P/P", "P/P")
+    full = expand(section, ["cpu", "h100"], "full")
+    assert len(full) == 128 and len({c.run_key for c in full}) == 128
+    off = expand(section, ["cpu"], "pairwise", mode="off")
+    assert {c.cases for c in off if c.case == "P/P"} == {Cases("P/P", "P/P", "P/P")}
+
+
+def test_case_parsing_follows_rl_kernel() -> None:
+    assert MatrixSection(cases=[" r/r", "p/r"]).cases == ("R/R", "P/R")
+
+
+def _s(train: list[float], roll: list[float], mask: list[int], i: int = 0) -> Sample:
+    return Sample(np.array(train, np.float32), np.array(roll, np.float32),
+                  np.array(mask, np.float32), sample=i)
+
+
+def test_metrics_masked_signed_zero_and_bitwise() -> None:
+    m = compute([_s([-0.0, -1.0, -2.0, -9.0], [0.0, -1.0, -2.5, -1.0], [1, 1, 1, 0])])
+    assert m.active_token_count == 3
+    assert m.mismatch_count == 1            # -0.0 == +0.0 for torch.ne / numpy !=
+    assert m.bitwise_mismatch_count == 2    # ... but not bytewise
+    assert m.logprob_abs_diff_max == pytest.approx(0.5)
+    assert m.worst_tokens[0]["position"] == 2
+    assert m.first_mismatch == [{"sample": 0, "rank": 0, "position": 2, "active_tokens": 3}]
+
+
+def test_metrics_percentiles_and_nan() -> None:
+    rng = np.random.default_rng(0)
+    t = rng.normal(size=1000).astype(np.float32)
+    d = np.linspace(0, 1, 1000).astype(np.float32)
+    m = compute([_s(t.tolist(), (t + d).tolist(), [1] * 1000)])
+    assert m.logprob_abs_diff_p50 == pytest.approx(0.5, abs=0.01)
+    assert m.logprob_abs_diff_p99 == pytest.approx(0.99, abs=0.01)
+    bad = compute([_s([float("nan"), -1.0], [-1.0, -1.0], [1, 1])])
+    assert bad.nonfinite_count == 1 and bad.mismatch_count == 1
+
+
+def test_logscan(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text(
+        "INFO rollout 0: {'rollout/response_lengths': [3, 4]}\n"
+        "perf 0: {'perf/rollout_time': 2.0, 'perf/tokens_per_gpu_per_sec': 10.0}\n"
+        "perf 0: {'perf/step_time': 5.0, 'perf/train_time': 1.0, 'perf/update_weights_time': 0.5}\n"
+        "perf 1: {'perf/step_time': 4.0, 'perf/train_time': 2.0}\n"
+        "perf 2: {'perf/step_time': 6.0, 'perf/train_time': 3.0}\n"
+        "[RL-Kernel][route] framework=vllm target=rollout module=ffn implementation=production "
+        "fallback=true\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+        "NCCL error in: ProcessGroupNCCL.cpp\n"
+        "perf 3: {'perf/step_time': __import__('os')}\n"
+    )
+    scan = scan_log(log)
+    medians, spread = scan.phases()
+    assert medians["step_wall_time"] == 5.0          # median of steps 1..2 after warm-up drop
+    assert spread["step_wall_time"]["warmup_dropped"] == 1
+    assert medians["rollout_wall_time"] == 2.0
+    assert scan.routes[0]["module"] == "ffn" and scan.fallback_lines
+    assert set(scan.errors) >= {"oom", "nccl_error"}
+    assert scan.traceback
+    assert scan.traceback.endswith("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert scan.unparsed_records == 1                 # never eval'd
+    assert not scan_log(tmp_path / "missing.log").present
+
+
+def test_default_matrix_file_is_valid() -> None:
+    matrix = load_matrix(REPO / "matrix.toml")
+    assert set(matrix.hardware) >= {"cpu", "h100", "h200", "mi300x", "mi330x"}
+    assert matrix.hardware["mi330x"].match.marketing_name == "MI330X"
+    assert matrix.hardware["mi330x"].match.gfx_arch is None  # never guessed from the name
+
+
+def test_missing_matrix_file(tmp_path: Path) -> None:
+    with pytest.raises(MatrixFileError, match="cannot read matrix file"):
+        load_matrix(tmp_path / "nope.toml")
+
+
+def test_case_env_redacts_secrets(tmp_path: Path) -> None:
+    text = render_case_env({"HF_TOKEN": "s3cret", "DB_PASSWORD": "pw", "RL_KERNEL_MODE": "strict"},
+                           "bash run.sh", tmp_path)
+    assert "s3cret" not in text and "pw'" not in text
+    assert "export RL_KERNEL_MODE=strict" in text and "export HF_TOKEN='<redacted>'" in text
