@@ -163,11 +163,20 @@ class HardwareProfile(_Strict):
     expect_unsupported: tuple[ExpectedGap, ...] = ()
 
 
+class PreflightSection(_Strict):
+    """`[preflight]`: what to fingerprint besides the machine (`$VARS` expand)."""
+
+    checkpoint: str | None = Field(default=None, description="HF-format checkpoint directory")
+    tokenizer: str | None = Field(default=None, description="tokenizer directory")
+    timeout: float = Field(default=60.0, gt=0, description="seconds per preflight command")
+
+
 class MatrixFile(_Strict):
     """The whole `matrix.toml`."""
 
     matrix: MatrixSection = Field(default_factory=MatrixSection)
     runner: RunnerSection
+    preflight: PreflightSection = Field(default_factory=PreflightSection)
     hardware: dict[str, HardwareProfile]
 
     @field_validator("hardware")

@@ -78,8 +78,8 @@ def _in_play(config: pytest.Config, path: Path) -> bool:
     return False
 
 
-def _hardware(config: pytest.Config, matrix: Any, path: Path,
-              plan: bool) -> tuple[list[str], dict[str, Any]]:
+def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
+              raw_dir: Path | None) -> tuple[list[str], dict[str, Any]]:
     from pytest_rlkernel_matrix import preflight as pf
 
     asked = config.getoption("rlk_hardware")
@@ -93,7 +93,14 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path,
     if plan and names:
         return names, {}
     profile_topology = matrix.hardware[names[0]].topology.model_dump() if names else None
-    data = pf.collect_preflight(topology=profile_topology)
+    section = matrix.preflight
+
+    def where(value: str | None) -> Path | None:
+        return (path.parent / os.path.expandvars(value)).resolve() if value else None
+
+    data = pf.collect_preflight(topology=profile_topology, checkpoint=where(section.checkpoint),
+                                tokenizer=where(section.tokenizer), timeout=section.timeout,
+                                raw_dir=raw_dir)
     detected = pf.detect_hardware(data, matrix.hardware)
     gpu = data.get("gpu", {})
     seen = f"backend {gpu.get('backend', '?')}, GPUs: {', '.join(gpu.get('names') or []) or 'none'}"
@@ -148,7 +155,17 @@ def pytest_configure(config: pytest.Config) -> None:
         session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
     else:
         root = default_root(path, config.getoption("rlk_matrix_root"), os.environ)
-        hardware, data = _hardware(config, matrix, path, plan)
+        for name in (PREFLIGHT_FILE, "matrix-report.json"):
+            if not plan and (root / name).exists():
+                raise pytest.UsageError(
+                    f"matrix root {root} already holds {name} from another session: "
+                    "artifacts are never overwritten; pass a new --rlk-matrix-root or "
+                    "MATRIX_STAMP"
+                )
+        raw_dir = None if plan else root / "preflight-raw"
+        if raw_dir is not None:
+            raw_dir.mkdir(parents=True, exist_ok=True)
+        hardware, data = _hardware(config, matrix, path, plan, raw_dir)
         session = MatrixSession(matrix=matrix, matrix_path=path, root=root, hardware=hardware,
                                 mode=mode, layout=layout, plan=plan, preflight=data)
         if data:
@@ -157,14 +174,6 @@ def pytest_configure(config: pytest.Config) -> None:
             hw_fp, build_fp = pf.fingerprint(data)
             session.fingerprints = {"hardware_fingerprint": hw_fp, "build_fingerprint": build_fp}
         if not plan:
-            for name in (PREFLIGHT_FILE, "matrix-report.json"):
-                if (root / name).exists():
-                    raise pytest.UsageError(
-                        f"matrix root {root} already holds {name} from another session: "
-                        "artifacts are never overwritten; pass a new --rlk-matrix-root or "
-                        "MATRIX_STAMP"
-                    )
-            root.mkdir(parents=True, exist_ok=True)
             write_json_atomic(root / PREFLIGHT_FILE, data)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(MatrixHooks(config, session), "rlk-matrix-session")
