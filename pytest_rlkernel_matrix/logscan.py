@@ -84,13 +84,13 @@ class LogScan:
                     break
         return out
 
-    def phases(self) -> tuple[dict[str, float | None], dict[str, object]]:
-        """Median per phase (first step dropped as warm-up when there are several) + spread."""
+    def phases(self, warmup: int = 0) -> tuple[dict[str, float | None], dict[str, object]]:
+        """Median per phase over the measured steps (the first `warmup` dropped) + spread."""
         series = self.phase_series()
         medians: dict[str, float | None] = dict.fromkeys(PHASE_KEYS)
         spread: dict[str, object] = {}
         for name, values in series.items():
-            measured = values[1:] if len(values) > 2 else values
+            measured = values[warmup:] if len(values) > warmup else values
             if name == "peak_memory":
                 medians[name] = max(values)
                 continue

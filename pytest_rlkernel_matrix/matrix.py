@@ -100,6 +100,8 @@ class RunnerSection(_Strict):
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(default=1800.0, gt=0, description="seconds; the process group is killed")
+    repeats: int = Field(default=1, ge=1, description="measured steps per cell (medians, spread)")
+    warmup: int = Field(default=0, ge=0, description="leading steps excluded from timings")
 
     @field_validator("command")
     @classmethod

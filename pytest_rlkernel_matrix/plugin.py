@@ -263,6 +263,10 @@ class MatrixHooks:
                           f"({state})")
             for reason in rec.get("reasons", [])[:6]:
                 tr.write_line(f"    {reason}")
+        from pytest_rlkernel_matrix.attribution import attribute
+
+        for entry in attribute(list(ms.records.values())):
+            tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

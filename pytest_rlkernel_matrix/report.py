@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.attribution import attribute
 from pytest_rlkernel_matrix.cells import Cases, Cell
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.matrix import ExpectedGap
@@ -111,7 +112,8 @@ def analyze_run(
     run = RunResult(**meta["run"])
     mode = str(meta["mode"])
     ev = read_evidence(run_dir)
-    decision = decide(cell, mode=mode, run=run, ev=ev, env=meta.get("env", {}), gaps=gaps)
+    decision = decide(cell, mode=mode, run=run, ev=ev, env=meta.get("env", {}), gaps=gaps,
+                      warmup=int(meta.get("warmup", 0)))
     return build_record(cell, meta, run, ev, decision, fingerprints or meta.get("fingerprints", {}))
 
 
@@ -124,7 +126,7 @@ def build_record(
     fingerprints: Mapping[str, str],
 ) -> dict[str, Any]:
     metrics = ev.metrics.as_dict() if ev.metrics else {}
-    phases, spread = ev.log.phases()
+    phases, spread = ev.log.phases(int(meta.get("warmup", 0)))
     record: dict[str, Any] = {
         "hardware": cell.hardware,
         "module": cell.module,
@@ -232,6 +234,7 @@ def build_report(
         "expected_cells": expected_cells,
         "summary": summarize(records),
         "preflight": dict(preflight or {}),
+        "attribution": attribute(ordered),
         "cells": ordered,
     }
 

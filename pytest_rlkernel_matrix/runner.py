@@ -61,7 +61,8 @@ def is_secret(name: str) -> bool:
 
 
 def contract_env(
-    cell: Cell, *, mode: str, aligned: bool, run_id: str, artifact_dir: Path
+    cell: Cell, *, mode: str, aligned: bool, run_id: str, artifact_dir: Path,
+    repeats: int = 1, warmup: int = 0,
 ) -> dict[str, str]:
     """The request's env contract for one cell."""
     env = {
@@ -71,6 +72,9 @@ def contract_env(
         "RL_KERNEL_RUN_ID": run_id,
         "RL_KERNEL_ARTIFACT_DIR": str(artifact_dir),
         "RL_KERNEL_ROUTE_REPORT": "1",
+        # Measured steps the job should run: `warmup` unmeasured ones, then `repeats`.
+        "RL_KERNEL_MATRIX_REPEATS": str(repeats),
+        "RL_KERNEL_MATRIX_WARMUP": str(warmup),
     }
     for var, sub in ARTIFACT_SUBDIRS.items():
         env[var] = str(artifact_dir / sub)

@@ -121,8 +121,10 @@ class MatrixSession:
 
     def environment(self, cell: Cell, mode: str, run_dir: Path,
                     base: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+        runner = self.matrix.runner
         contract = contract_env(cell, mode=mode, aligned=self.matrix.matrix.aligned,
-                                run_id=self.run_id(cell), artifact_dir=run_dir)
+                                run_id=self.run_id(cell), artifact_dir=run_dir,
+                                repeats=runner.repeats, warmup=runner.warmup)
         profile = self.matrix.hardware[cell.hardware]
         return cell_env(contract, profile_env=profile.env, runner_env=self.matrix.runner.env,
                         python=sys.executable, base=base)
@@ -210,6 +212,7 @@ class MatrixSession:
             "artifact_dir": str(run_dir.relative_to(self.root)),
             "run": result.as_dict(),
             "timeout": self.matrix.runner.timeout,
+            "warmup": self.matrix.runner.warmup,
             "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
             "fingerprints": self.fingerprints,
         }

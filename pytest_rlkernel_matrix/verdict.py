@@ -244,9 +244,9 @@ def _judge_numeric(ev: Evidence, mode: str) -> tuple[Judgement, dict[str, Any], 
 
 
 def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mode: str,
-                       ) -> Judgement:
+                       warmup: int) -> Judgement:
     perf = Judgement()
-    medians, _ = ev.log.phases()
+    medians, _ = ev.log.phases(warmup)
     missing = [k for k in ("rollout_wall_time", "training_wall_time", "step_wall_time")
                if medians.get(k) is None]
     if missing:
@@ -277,6 +277,7 @@ def decide(
     ev: Evidence,
     env: Mapping[str, str],
     gaps: Sequence[ExpectedGap] = (),
+    warmup: int = 0,
 ) -> Decision:
     """Judge one finished run."""
     route, mismatch, fallbacks = _judge_route(cell, mode, ev)
@@ -284,7 +285,7 @@ def decide(
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")
     numeric, contract, evidence_errors = _judge_numeric(ev, mode)
-    performance = _judge_performance(ev, env, route.valid is not False, mode)
+    performance = _judge_performance(ev, env, route.valid is not False, mode, warmup)
     unsupported = _unsupported(cell, ev)
 
     run_errors: list[str] = []

@@ -80,7 +80,7 @@ def test_logscan(tmp_path: Path) -> None:
         "perf 3: {'perf/step_time': __import__('os')}\n"
     )
     scan = scan_log(log)
-    medians, spread = scan.phases()
+    medians, spread = scan.phases(warmup=1)
     assert medians["step_wall_time"] == 5.0          # median of steps 1..2 after warm-up drop
     assert spread["step_wall_time"]["warmup_dropped"] == 1
     assert medians["rollout_wall_time"] == 2.0

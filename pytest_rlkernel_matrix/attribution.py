@@ -1,0 +1,141 @@
+"""Attribution: which side of which module causes a drift or a slowdown, from the 2x2 cells.
+
+Per hardware and module, against the R/R baseline (others fixed):
+training effect = P/R - R/R, rollout effect = R/P - R/R,
+interaction = P/P - P/R - R/P + R/R; for drift (mean, p99, max |dlogp|, mismatch fraction) and
+phase times (rollout, training, weight sync, step). The one-line conclusion refuses rather than
+guesses: a needed cell that is not `valid` stops the drift conclusion; contaminated or fallback
+timings stop the performance conclusion; a difference within the measured spread is noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_rlkernel_matrix.terms import MODULES
+
+DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
+         "mismatch_fraction")
+PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time", "step_wall_time")
+CELLS = ("R/R", "P/R", "R/P", "P/P")
+
+
+def _effects(values: Mapping[str, float | None]) -> dict[str, float | None]:
+    rr, pr, rp, pp = (values.get(c) for c in CELLS)
+    out: dict[str, float | None] = {"R/R": rr, "P/R": pr, "R/P": rp, "P/P": pp,
+                                    "training": None, "rollout": None, "interaction": None}
+    if rr is not None and pr is not None:
+        out["training"] = pr - rr
+    if rr is not None and rp is not None:
+        out["rollout"] = rp - rr
+    if None not in (rr, pr, rp, pp):
+        out["interaction"] = pp - pr - rp + rr  # type: ignore[operator]
+    return out
+
+
+def _spread(cell: Mapping[str, Any], phase: str) -> float | None:
+    s = (cell.get("phase_spread") or {}).get(phase)
+    if not s or s.get("n", 0) < 2:
+        return None
+    return float(s["max"]) - float(s["min"])
+
+
+def _drift_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> str:
+    def mism(case: str) -> int:
+        return int(cells[case].get("mismatch_count") or 0)
+
+    base = mism("R/R")
+    t, r = mism("P/R") > base, mism("R/P") > base
+    lead = f"R/R baseline itself drifts ({base} mismatching tokens); " if base else ""
+    if t and r:
+        mt = cells["P/R"].get("logprob_abs_diff_mean") or 0.0
+        mr = cells["R/P"].get("logprob_abs_diff_mean") or 0.0
+        side = "training" if mt > mr else "rollout"
+        return lead + (f"drift from both sides (mean |dlogp| training P {mt:.2e}, rollout P "
+                       f"{mr:.2e}; larger on the {side} side)")
+    if t:
+        return lead + "drift from the training side"
+    if r:
+        return lead + "drift from the rollout side"
+    if mism("P/P") > base:
+        return lead + "drift only when both sides are P (interaction)"
+    return lead + "no drift from either side"
+
+
+def _time_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str]]:
+    refused: list[str] = []
+    for case in CELLS:
+        c = cells[case]
+        if not c.get("performance_usable"):
+            why = "; ".join((c.get("validity") or {}).get("performance", {}).get("reasons", [])[:2])
+            refused.append(f"{case} timings not usable ({why or c.get('verdict')})")
+    if refused:
+        return "no performance conclusion", refused
+    parts: list[str] = []
+    unknown = False
+    for side, case, phase in (("training", "P/R", "training_wall_time"),
+                              ("rollout", "R/P", "rollout_wall_time"),
+                              ("training", "P/R", "step_wall_time"),
+                              ("rollout", "R/P", "step_wall_time")):
+        base, other = cells["R/R"].get(phase), cells[case].get(phase)
+        if base is None or other is None or base <= 0:
+            continue
+        spreads = [s for s in (_spread(cells["R/R"], phase), _spread(cells[case], phase)) if s]
+        if not spreads:
+            unknown = True
+            continue
+        if abs(other - base) <= max(spreads):
+            continue
+        pct = 100.0 * (base - other) / other
+        label = phase.removesuffix("_wall_time").replace("_", " ")
+        if pct > 0:
+            parts.append(f"R on the {side} side {pct:.0f}% slower in {label} than P")
+        else:
+            parts.append(f"R on the {side} side {-pct:.0f}% faster in {label} than P")
+    if parts:
+        return "; ".join(dict.fromkeys(parts)), refused
+    if unknown:
+        return "performance not judged: one measured step per cell (set [runner] repeats)", refused
+    return "no measurable slowdown (differences within the measured spread)", refused
+
+
+def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (hardware, module) that has its 2x2 cells in the report."""
+    by_key: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+    for rec in records:
+        if rec.get("module") in MODULES and rec.get("case") in CELLS:
+            by_key.setdefault((str(rec["hardware"]), str(rec["module"])), {})[rec["case"]] = rec
+    out: list[dict[str, Any]] = []
+    for (hardware, module), cells in sorted(by_key.items(),
+                                            key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))):
+        entry: dict[str, Any] = {"hardware": hardware, "module": module, "refused": []}
+        missing = [c for c in CELLS if c not in cells]
+        if missing == ["P/R", "R/P"]:
+            pp_drift = (cells["P/P"].get("mismatch_count") or 0) > (
+                cells["R/R"].get("mismatch_count") or 0)
+            entry["conclusion"] = (f"{module}: P/P {'drifts' if pp_drift else 'does not drift'} "
+                                   "against R/R; run the pairwise layout to tell which side")
+            out.append(entry)
+            continue
+        if missing:
+            entry["refused"].append(f"cells not in this run: {', '.join(missing)}")
+            entry["conclusion"] = f"{module}: no conclusion (missing {', '.join(missing)})"
+            out.append(entry)
+            continue
+        entry["effects"] = {
+            "drift": {m: _effects({c: cells[c].get(m) for c in CELLS}) for m in DRIFT},
+            "time": {p: _effects({c: cells[c].get(p) for c in CELLS}) for p in PHASES},
+        }
+        invalid = [f"{c} is {cells[c].get('verdict')}" for c in CELLS
+                   if cells[c].get("verdict") != "valid"]
+        if invalid:
+            entry["refused"].extend(invalid)
+            drift = f"no drift conclusion ({'; '.join(invalid)})"
+        else:
+            drift = _drift_conclusion(cells)
+        timing, refused = _time_conclusion(cells)
+        entry["refused"].extend(refused)
+        entry["conclusion"] = f"{module}: {drift}; {timing}"
+        out.append(entry)
+    return out
