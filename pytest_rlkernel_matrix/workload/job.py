@@ -317,8 +317,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--micro-batch-size", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=1)
-    return ap.parse_args(argv)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps to run (default: RL_KERNEL_MATRIX_WARMUP + "
+                    "RL_KERNEL_MATRIX_REPEATS from the plugin, else 1)")
+    args = ap.parse_args(argv)
+    if args.steps is None:
+        e = os.environ
+        args.steps = int(e.get("RL_KERNEL_MATRIX_WARMUP", "0") or 0) + int(
+            e.get("RL_KERNEL_MATRIX_REPEATS", "1") or 1)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,253 @@
+"""`matrix-report.html`: content, escaping, offline links, and a real headless-browser render."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_rlkernel_matrix.html import HTML_FILE, render_html, write_html
+
+XSS = "<script>alert(1)</script>"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "screenshot_report.py"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (Debian: apt-get install -y chromium)")
+
+
+class Page(HTMLParser):
+    """Collects tags' attributes, matrix cells and text from the rendered page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attrs: list[tuple[str, dict[str, str | None]]] = []
+        self.matrix_cells: list[dict[str, str | None]] = []
+        self.scripts = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.attrs.append((tag, a))
+        if tag == "td" and "mcell" in (a.get("class") or "").split():
+            self.matrix_cells.append(a)
+        if tag == "script":
+            self.scripts += 1
+
+
+def parse(text: str) -> Page:
+    page = Page()
+    page.feed(text)
+    page.close()
+    return page
+
+
+def _cell(module: str, case: str, verdict: str, **extra: Any) -> dict[str, Any]:
+    slug = f"{module}-{case.replace('/', '').lower()}"
+    cell: dict[str, Any] = {
+        "hardware": "cpu", "module": module, "case": case, "verdict": verdict,
+        "reasons": [], "failed": verdict in ("error", "incomparable"), "mode": "audit",
+        "artifact_dir": f"cpu/{slug}", "run_id": f"cpu-{slug}-x",
+        "active_token_count": 140, "mismatch_count": 0 if case == "R/R" else 140,
+        "logprob_abs_diff_max": 0.0 if case == "R/R" else 1e-3,
+        "rollout_wall_time": 1.5, "training_wall_time": 1.25, "weight_sync_wall_time": 0.5,
+        "step_wall_time": 3.25,
+        "validity": {k: {"valid": True, "reasons": []}
+                     for k in ("route", "semantic", "numeric", "performance")},
+        "routes": {module: {"requested": case,
+                            "training": {"implementation": "rl_kernel", "backend_ids": ["r.t"],
+                                         "call_count": 7, "fallback": False,
+                                         "contract": "bitwise"},
+                            "rollout": None}},
+        "dlogp_histogram": {"log10_abs_diff_edges": [-5.0, -4.0, -3.0], "counts": [3, 9],
+                            "zero": 2},
+        "worst_tokens": [{"sample": 1, "rank": 0, "position": 4, "train_logprob": -1.2,
+                          "rollout_logprob": -1.201, "abs_diff": 1e-3}],
+        "first_mismatch": [{"sample": 1, "rank": 0, "position": 2}],
+    }
+    cell.update(extra)
+    return cell
+
+
+def sample_report() -> dict[str, Any]:
+    cells = [
+        _cell("attention", "R/R", "valid"),
+        _cell("attention", "P/R", "fallback", reasons=[f"fallback recorded: {XSS}"],
+              fallbacks=[{"source": "run.log", "line": f"[RL-Kernel][route] {XSS}"}]),
+        _cell("attention", "R/P", "contract_mismatch", log_errors={"cuda": XSS}),
+        _cell("attention", "P/P", "error", artifact_dir="/elsewhere/attention-pp"),
+        _cell("ffn", "R/R", "unsupported", artifact_dir="../outside"),
+        _cell("ffn", "P/R", "incomparable", artifact_dir="javascript:alert(1)"),
+        _cell("ffn", "R/P", "not_run", artifact_dir=None, routes=None, validity=None,
+              dlogp_histogram=None, step_wall_time=None),
+        {"hardware": "cpu", "module": "ffn", "case": "P/P", "verdict": "valid"},  # bare record
+    ]
+    return {
+        "schema_version": "rlk-matrix.report.v1", "created": "2026-01-01T00:00:00+00:00",
+        "matrix": {"name": "demo", "layout": "pairwise", "mode": "audit", "hardware": ["cpu"],
+                   "modules": ["attention", "ffn"], "cases": ["R/R", "P/R", "R/P", "P/P"]},
+        "matrix_root": "/data/root", "complete": True, "interrupted": False,
+        "expected_cells": 8, "summary": {"valid": 2, "fallback": 1},
+        "preflight": {"file": "preflight.json", "hardware_fingerprint": "hw0",
+                      "build_fingerprint": "b0"},
+        "attribution": [{
+            "hardware": "cpu", "module": "attention", "conclusion": f"no conclusion {XSS}",
+            "refused": ["P/R is fallback"],
+            "effects": {"drift": {"logprob_abs_diff_max": {"training": 1e-3, "rollout": 0.0,
+                                                           "interaction": None}},
+                        "time": {"step_wall_time": {"training": 0.1, "rollout": -0.2,
+                                                    "interaction": 0.0, "noise": True}}},
+        }],
+        "cells": cells,
+    }
+
+
+PREFLIGHT = {
+    "python": {"version": "3.11.7", "executable": "/usr/bin/python3"},
+    "probe": {"torch": {"version": "2.13.0+cpu", "build": "cpu"},
+              "packages": {"vllm": {"version": None, "module_found": False}}},
+    "gpu": {"backend": "cuda", "count": 2, "names": ["NVIDIA H100 80GB HBM3", XSS]},
+    "nvidia": {"driver": "550.54.15"},
+    "repos": {"vime": {"configured": True, "root": "/src/vime", "commit": "abc123",
+                       "dirty": False, "status": "ok"}},
+    "topology": {"tp": 2, "cp": 2}, "topology_check": {"configured": True, "ok": True},
+    "fingerprints": {"hardware": "hw0", "build": "b0"},
+}
+
+
+def test_every_cell_appears_with_its_verdict_class() -> None:
+    report = sample_report()
+    page = parse(render_html(report, PREFLIGHT))
+    got = sorted((a.get("data-verdict"), a.get("class")) for a in page.matrix_cells)
+    want = sorted((c["verdict"], f"mcell v-{c['verdict']}") for c in report["cells"])
+    assert got == want
+    details = {a.get("id") for tag, a in page.attrs if tag == "details"}
+    anchors = {a["href"][1:] for tag, a in page.attrs
+               if tag == "a" and (a.get("href") or "").startswith("#")}
+    assert len(anchors) == len(report["cells"]) and anchors <= details
+
+
+def test_report_text_is_escaped() -> None:
+    text = render_html(sample_report(), PREFLIGHT)
+    assert XSS not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert parse(text).scripts == 1  # only the page's own inline script
+
+
+def test_offline_and_relative_links() -> None:
+    text = render_html(sample_report(), PREFLIGHT)
+    page = parse(text)
+    urls = [v for _, a in page.attrs for k, v in a.items() if k in ("src", "href") and v]
+    assert not [u for u in urls if u.startswith(("http://", "https://", "//"))]
+    assert not [tag for tag, _ in page.attrs if tag in ("link", "img", "iframe")]
+    assert "@import" not in text and "url(" not in text
+    logs = [u for u in urls if u.endswith("run.log")]
+    assert "cpu/attention-pr/run.log" in logs and "cpu/attention-pr/matrix-case.env" in urls
+    assert all(not u.startswith("/") and ".." not in u for u in urls)
+    # An absolute artifact dir outside the root and `..` get no link; a scheme is quoted away.
+    assert not [u for u in urls if "elsewhere" in u or "outside" in u]
+    assert "javascript%3Aalert%281%29/run.log" in urls
+
+
+def test_sections_present() -> None:
+    text = render_html(sample_report(), PREFLIGHT)
+    for needle in ("demo", "Attribution", "no conclusion", "P/R is fallback", "550.54.15",
+                   "abc123", "NVIDIA H100 80GB HBM3", "2.13.0+cpu", 'class="hist"',
+                   'class="phases"', "rl_kernel", "not selected" if False else "R/P"):
+        assert needle in text, needle
+    assert '<details class="panel" id="preflight">' in text
+
+
+def test_renders_defensively() -> None:
+    assert "no cells in this report" in render_html({})
+    assert "<svg" not in render_html({"cells": [{"verdict": None}, "junk", {}]})
+    nulls = {k: None for k in _cell("ffn", "R/R", "valid")}
+    render_html({"cells": [nulls], "attribution": [None, {"effects": None}], "summary": None},
+                {"gpu": None, "probe": None})
+
+
+def test_write_html_is_atomic(tmp_path: Path) -> None:
+    path = write_html(sample_report(), tmp_path / "sub" / HTML_FILE, PREFLIGHT)
+    assert path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in path.parent.iterdir()) == [HTML_FILE]
+
+
+@pytest.fixture(scope="module")
+def fake_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real matrix root: two attention cells of the fake framework (P/R falls back)."""
+    from tests_support import run_fake_matrix  # type: ignore[import-not-found]
+
+    return run_fake_matrix(tmp_path_factory.mktemp("fake"))
+
+
+def _run_fake(tmp: Path) -> Path:
+    fake = Path(__file__).with_name("fake_framework.py")
+    (tmp / "matrix.toml").write_text(
+        '[matrix]\nname = "fake"\nmodules = ["attention", "ffn"]\n'
+        f'[runner]\ncommand = ["{sys.executable}", "{fake}"]\n'
+        'env = { FAKE_SCENARIO = "recorded_fallback", FAKE_ONLY_WHEN = "A-PR_F-RR_L-RR" }\n'
+        '[hardware.cpu]\nbackend = "cpu"\n')
+    root = tmp / "root"
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                    "-k", "attention and (R/R or P/R)", f"--rlk-matrix-root={root}"],
+                   cwd=tmp, check=True, capture_output=True, timeout=300)
+    return root
+
+
+@pytest.fixture(scope="module")
+def real_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run_fake(tmp_path_factory.mktemp("fake"))
+
+
+def test_real_report_renders(real_root: Path) -> None:
+    report = json.loads((real_root / "matrix-report.json").read_text())
+    pre = json.loads((real_root / "preflight.json").read_text())
+    text = render_html(report, pre)
+    page = parse(text)
+    assert sorted(a.get("data-verdict") or "" for a in page.matrix_cells) == ["fallback", "valid"]
+    urls = {a.get("href") for _, a in page.attrs}
+    for cell in report["cells"]:
+        assert f"{cell['artifact_dir']}/run.log" in urls
+        assert (real_root / cell["artifact_dir"] / "run.log").is_file()
+    assert "vllm attention backend lacks deterministic kernel" in text
+
+
+def test_session_writes_html_next_to_json(real_root: Path) -> None:
+    html = real_root / HTML_FILE
+    assert html.is_file(), "the session writes matrix-report.html next to matrix-report.json"
+    assert "fallback" in html.read_text(encoding="utf-8")
+
+
+def _chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp / 'profile'}", *args],
+        capture_output=True, text=True, timeout=120, check=True)
+
+
+@needs_chromium
+def test_browser_renders_dom_and_opens_linked_cell(tmp_path: Path) -> None:
+    report = sample_report()
+    html = write_html(report, tmp_path / HTML_FILE, PREFLIGHT)
+    out = _chromium("--dump-dom", f"{html.as_uri()}#cell-0-cpu-attention-r-r", tmp=tmp_path)
+    page = parse(out.stdout)
+    assert len(page.matrix_cells) == len(report["cells"])
+    opened = [a.get("id") for tag, a in page.attrs if tag == "details" and "open" in a]
+    assert "cell-0-cpu-attention-r-r" in opened  # the inline JS opened the linked cell
+    assert XSS not in out.stdout
+
+
+@needs_chromium
+def test_screenshot_script(tmp_path: Path) -> None:
+    html = write_html(sample_report(), tmp_path / HTML_FILE, PREFLIGHT)
+    png = tmp_path / "shot.png"
+    subprocess.run([sys.executable, str(SCRIPT), str(html), str(png)], check=True,
+                   capture_output=True, timeout=180)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
