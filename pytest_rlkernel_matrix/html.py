@@ -47,7 +47,7 @@ code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font
 table{border-collapse:collapse;margin:4px 0 8px}
 th,td{border:1px solid var(--line);padding:3px 7px;text-align:left;vertical-align:top}
 th{background:var(--soft);font-weight:600}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+.num{font-variant-numeric:tabular-nums}
 .badge{display:inline-block;border-radius:10px;padding:1px 8px;margin:2px 4px 2px 0;
 border:1px solid rgba(0,0,0,.12);font-weight:600;white-space:nowrap}
 .v-valid{background:#d3f5dc}.v-fallback{background:#ffe7a8}.v-unsupported{background:#e3e5e8}
@@ -207,8 +207,10 @@ def _cell_ids(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _rel_link(root: Any, artifact_dir: Any, name: str = "") -> str | None:
-    """A relative, percent-quoted href under the matrix root, or None when unsafe/unknown."""
+def _rel_link(root: Any, artifact_dir: Any, name: str = "", prefix: str = "") -> str | None:
+    """A relative, percent-quoted href under the matrix root, or None when unsafe/unknown.
+
+    `prefix` is the matrix root relative to the page (empty: the page sits in the root)."""
     if not isinstance(artifact_dir, str) or not artifact_dir.strip():
         return None
     path = PurePosixPath(artifact_dir.replace("\\", "/"))
@@ -220,7 +222,7 @@ def _rel_link(root: Any, artifact_dir: Any, name: str = "") -> str | None:
     if ".." in path.parts or not path.parts:
         return None
     target = "/".join(path.parts) + ("/" + name if name else "/")
-    return quote(target, safe="/")
+    return quote(prefix.rstrip("/") + "/" + target if prefix else target, safe="/")
 
 
 # -- charts ----------------------------------------------------------------------------------------
@@ -424,8 +426,10 @@ def _effects_table(kind: str, data: Any) -> str:
     with_noise = any("noise" in _map(v) for v in data.values())
     for name, eff in data.items():
         eff = _map(eff)
-        fmt = _fmt_s if kind == "time" else _fmt_d
-        row = [f"<b>{_e(name)}</b>"]
+        name = str(name)
+        fmt = _fmt_s if kind == "time" else _fmt_d if "logprob" in name else _fmt
+        label = name.replace("logprob_abs_diff_", "|dlogp| ").removesuffix("_wall_time")
+        row = [f'<b title="{_e(name)}">{_e(label.replace("_", " "))}</b>']
         row += [f'<span class="num">{_e(fmt(eff.get(c)))}</span>' for c in PAIRWISE]
         row += [f'<span class="num">{_e(fmt(eff.get(k)))}</span>'
                 for k in ("training", "rollout", "interaction")]
@@ -495,11 +499,11 @@ def _validity(c: Mapping[str, Any]) -> str:
     return _table(("judgement", "result", "reasons"), rows)
 
 
-def _links(root: Any, c: Mapping[str, Any]) -> str:
+def _links(root: Any, c: Mapping[str, Any], prefix: str) -> str:
     links = []
     for label, name in (("run.log", "run.log"), ("matrix-case.env", "matrix-case.env"),
                         ("artifact dir", "")):
-        href = _rel_link(root, c.get("artifact_dir"), name)
+        href = _rel_link(root, c.get("artifact_dir"), name, prefix)
         if href is not None:
             links.append(f'<a href="{_e(href)}">{_e(label)}</a>')
     if not links:
@@ -518,7 +522,7 @@ def _label_lines(title: str, data: Any) -> str:
 
 
 def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
-                 is_open: bool = False) -> str:
+                 is_open: bool = False, prefix: str = "") -> str:
     root = report.get("matrix_root")
     verdict = c.get("verdict")
     title = f"{c.get('hardware')} · {c.get('module')} · {c.get('case')}"
@@ -554,7 +558,7 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
     return "".join((
         f'<details class="cell" id="{anchor}"{" open" if is_open else ""}>',
         f"<summary>{_badge(verdict)} {_e(title)}{failed}</summary>",
-        _links(root, c),
+        _links(root, c, prefix),
         f"<h3>reasons</h3><ul>{reasons}</ul>" if reasons else "",
         "<h3>validity</h3>", _validity(c),
         "<h3>routes: requested vs actual</h3>", _routes(c),
@@ -635,13 +639,18 @@ def _preflight(report: Mapping[str, Any], pre: Mapping[str, Any] | None) -> str:
 # -- entry points ----------------------------------------------------------------------------------
 
 
-def render_html(report: Mapping[str, Any], preflight: Mapping[str, Any] | None = None) -> str:
-    """The whole report page as one self-contained HTML string."""
+def render_html(report: Mapping[str, Any], preflight: Mapping[str, Any] | None = None, *,
+                link_prefix: str = "") -> str:
+    """The whole report page as one self-contained HTML string.
+
+    Artifact links are relative: `link_prefix` is the matrix root as seen from the page's
+    directory (a relative path; empty when the page sits in the matrix root).
+    """
     cells = [c for c in _list(report.get("cells")) if isinstance(c, Mapping)]
     ids = _cell_ids(cells)
     name = _map(report.get("matrix")).get("name") or "matrix"
     notable = [i for i, c in enumerate(cells) if c.get("verdict") not in ("valid", "not_run")]
-    details = "".join(_cell_detail(report, c, a, i in notable[:OPEN_CELLS])
+    details = "".join(_cell_detail(report, c, a, i in notable[:OPEN_CELLS], link_prefix)
                       for i, (c, a) in enumerate(zip(cells, ids, strict=True)))
     return "".join((
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
@@ -664,10 +673,19 @@ def render_html(report: Mapping[str, Any], preflight: Mapping[str, Any] | None =
 
 def write_html(report: Mapping[str, Any], path: Path | str,
                preflight: Mapping[str, Any] | None = None) -> Path:
-    """Render and write atomically (temp file in the same directory + `os.replace`)."""
+    """Render and write atomically (temp file in the same directory + `os.replace`).
+
+    Written outside `report["matrix_root"]`, artifact links get the relative path to the root.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_html(report, preflight)
+    prefix = ""
+    root = report.get("matrix_root")
+    if isinstance(root, str) and root:
+        here, there = path.parent.resolve(), Path(root).resolve()
+        if here != there:
+            prefix = Path(os.path.relpath(there, here)).as_posix()
+    text = render_html(report, preflight, link_prefix=prefix)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

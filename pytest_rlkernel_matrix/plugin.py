@@ -155,7 +155,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
     else:
         root = default_root(path, config.getoption("rlk_matrix_root"), os.environ)
-        for name in (PREFLIGHT_FILE, "matrix-report.json"):
+        for name in (PREFLIGHT_FILE, "matrix-report.json", "matrix-report.html"):
             if not plan and (root / name).exists():
                 raise pytest.UsageError(
                     f"matrix root {root} already holds {name} from another session: "
@@ -181,6 +181,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_rlkernel_matrix.integrations import xdist
 
         config.pluginmanager.register(xdist.XdistIntegration(session), "rlk-xdist")
+    from pytest_rlkernel_matrix.integrations import json_report, pytest_html
+
+    pytest_html.install(config)
+    json_report.install(config)
 
 
 def _session(config: pytest.Config) -> MatrixSession | None:

@@ -68,4 +68,9 @@ def reanalyze(root: Path, output: Path | None = None) -> Path:
     )
     target = output or old_path
     write_json_atomic(target, report)
+    from pytest_rlkernel_matrix.html import HTML_FILE, write_html
+
+    pre = root / "preflight.json"
+    write_html(report, target.with_name(HTML_FILE),
+               json.loads(pre.read_text()) if pre.exists() else None)
     return target

@@ -251,4 +251,7 @@ class MatrixSession:
         )
         path = self.root / REPORT_FILE
         write_json_atomic(path, report)
+        from pytest_rlkernel_matrix.html import HTML_FILE, write_html
+
+        write_html(report, self.root / HTML_FILE, self.preflight)
         return path

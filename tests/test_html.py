@@ -157,7 +157,7 @@ def test_sections_present() -> None:
     text = render_html(sample_report(), PREFLIGHT)
     for needle in ("demo", "Attribution", "no conclusion", "P/R is fallback", "550.54.15",
                    "abc123", "NVIDIA H100 80GB HBM3", "2.13.0+cpu", 'class="hist"',
-                   'class="phases"', "rl_kernel", "not selected" if False else "R/P"):
+                   'class="phases"', "rl_kernel", "interaction"):
         assert needle in text, needle
     assert '<details class="panel" id="preflight">' in text
 
@@ -176,14 +176,6 @@ def test_write_html_is_atomic(tmp_path: Path) -> None:
     assert sorted(p.name for p in path.parent.iterdir()) == [HTML_FILE]
 
 
-@pytest.fixture(scope="module")
-def fake_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real matrix root: two attention cells of the fake framework (P/R falls back)."""
-    from tests_support import run_fake_matrix  # type: ignore[import-not-found]
-
-    return run_fake_matrix(tmp_path_factory.mktemp("fake"))
-
-
 def _run_fake(tmp: Path) -> Path:
     fake = Path(__file__).with_name("fake_framework.py")
     (tmp / "matrix.toml").write_text(
@@ -198,6 +190,14 @@ def _run_fake(tmp: Path) -> Path:
     return root
 
 
+def test_write_html_outside_the_root_keeps_links_relative(tmp_path: Path) -> None:
+    report = sample_report()
+    report["matrix_root"] = str(tmp_path / "root")
+    path = write_html(report, tmp_path / "elsewhere" / HTML_FILE)
+    urls = [a.get("href") for _, a in parse(path.read_text()).attrs]
+    assert "../root/cpu/attention-pr/run.log" in urls
+
+
 @pytest.fixture(scope="module")
 def real_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _run_fake(tmp_path_factory.mktemp("fake"))
@@ -208,7 +208,9 @@ def test_real_report_renders(real_root: Path) -> None:
     pre = json.loads((real_root / "preflight.json").read_text())
     text = render_html(report, pre)
     page = parse(text)
-    assert sorted(a.get("data-verdict") or "" for a in page.matrix_cells) == ["fallback", "valid"]
+    verdicts = sorted(str(a.get("data-verdict")) for a in page.matrix_cells if "data-verdict" in a)
+    assert verdicts == ["fallback", "valid"]
+    assert text.count("not selected") == 2  # R/P and P/P were deselected by -k
     urls = {a.get("href") for _, a in page.attrs}
     for cell in report["cells"]:
         assert f"{cell['artifact_dir']}/run.log" in urls

@@ -26,6 +26,7 @@ def _outcomes(result: pytest.RunResult) -> dict[str, int]:
     """Summary-line counts; pytest spells its own 'error' category 'errors'."""
     out = result.parseoutcomes()
     out.pop("deselected", None)
+    out.pop("warnings", None)
     if "errors" in out:
         out["error"] = out.pop("errors")
     return out
