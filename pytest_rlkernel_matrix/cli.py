@@ -2,7 +2,8 @@
 
 - `rlk-matrix preflight [--output DIR]`: only the preflight (fingerprints, raw command output);
 - `rlk-matrix report <matrix-root> [--output FILE]`: re-read every run directory's artifacts and
-  rewrite `matrix-report.json` (the request's `analyze-ablation-matrix.py --matrix-root --output`).
+  rewrite `matrix-report.json` (the request's `analyze-ablation-matrix.py --matrix-root --output`);
+- `rlk-matrix table <matrix-report.json>`: drift and phase times per cell as a markdown table.
 """
 
 from __future__ import annotations
@@ -50,6 +51,51 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fmt(value: object, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown_table(report: dict[str, object]) -> list[str]:
+    """Drift, phase times and the R/P time ratio per cell, as a markdown table."""
+    cells = report["cells"]
+    assert isinstance(cells, list)
+    base = {(c["hardware"], c["module"]): c for c in cells if c["case"] == "R/R"}
+    native = {(c["hardware"], c["module"]): c for c in cells if c["case"] == "P/P"}
+    lines = [
+        "| hardware | module | case | verdict | mismatches / active | max abs dlogp | "
+        "mean abs dlogp | rollout s | training s | step s | step vs R/R |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in cells:
+        rr = base.get((c["hardware"], c["module"]))
+        ratio = None
+        if rr and rr.get("step_wall_time") and c.get("step_wall_time"):
+            ratio = c["step_wall_time"] / rr["step_wall_time"]
+        lines.append(
+            f"| {c['hardware']} | {c['module']} | {c['case']} | {c['verdict']} | "
+            f"{_fmt(c.get('mismatch_count'), ',')} / {_fmt(c.get('active_token_count'), ',')} | "
+            f"{_fmt(c.get('logprob_abs_diff_max'), '.3g')} | "
+            f"{_fmt(c.get('logprob_abs_diff_mean'), '.3g')} | "
+            f"{_fmt(c.get('rollout_wall_time'), '.2f')} | "
+            f"{_fmt(c.get('training_wall_time'), '.2f')} | {_fmt(c.get('step_wall_time'), '.2f')} "
+            f"| {_fmt(ratio, '.2f')} |"
+        )
+    lines += ["", "| hardware | module | R/P step time ratio (R/R over P/P) |",
+              "| --- | --- | --- |"]
+    for key, rr in base.items():
+        pp = native.get(key)
+        if pp and rr.get("step_wall_time") and pp.get("step_wall_time"):
+            lines.append(f"| {key[0]} | {key[1]} | "
+                         f"{rr['step_wall_time'] / pp['step_wall_time']:.2f} |")
+    return lines
+
+
+def _table(args: argparse.Namespace) -> int:
+    report = json.loads(Path(args.report).read_text())
+    print("\n".join(markdown_table(report)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlk-matrix", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
@@ -62,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", default=None,
                    help="report path (default: <matrix-root>/matrix-report.json)")
     r.set_defaults(func=_report)
+    t = sub.add_parser("table", help="markdown table of a report: drift, times, R/P ratio")
+    t.add_argument("report")
+    t.set_defaults(func=_table)
     return parser
 
 

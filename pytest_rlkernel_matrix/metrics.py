@@ -14,6 +14,7 @@ import numpy as np
 
 PERCENTILES = (50, 90, 99)
 WORST_TOKENS = 10
+FIRST_MISMATCH_LISTED = 32
 
 
 @dataclass
@@ -48,6 +49,7 @@ class DriftMetrics:
     nonfinite_count: int = 0
     worst_tokens: list[dict[str, object]] = field(default_factory=list)
     first_mismatch: list[dict[str, int]] = field(default_factory=list)
+    first_mismatch_summary: dict[str, float | int] = field(default_factory=dict)
     histogram: dict[str, list[float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
@@ -130,11 +132,21 @@ def _worst(
         if s.tokens is not None and pos < s.tokens.size:
             entry["token_id"] = int(s.tokens[pos])
         out.worst_tokens.append(entry)
+    firsts: list[dict[str, int]] = []
     for i, s in enumerate(samples):
         seg = neq[offsets[i]:offsets[i + 1]]
         hit = np.flatnonzero(seg)
         if hit.size:
-            out.first_mismatch.append(
-                {"sample": s.sample, "rank": s.rank, "position": int(positions[i][hit[0]]),
-                 "active_tokens": int(lengths[i])}
-            )
+            firsts.append({"sample": s.sample, "rank": s.rank,
+                           "position": int(positions[i][hit[0]]),
+                           "active_tokens": int(lengths[i])})
+    if firsts:
+        pos = np.array([f["position"] for f in firsts])
+        out.first_mismatch_summary = {
+            "samples_with_mismatch": len(firsts), "samples": len(samples),
+            "position_min": int(pos.min()), "position_median": float(np.median(pos)),
+            "position_max": int(pos.max()),
+        }
+        # Earliest first; the summary covers every sample, the list the earliest ones.
+        firsts.sort(key=lambda f: (f["position"], f["rank"], f["sample"]))
+        out.first_mismatch = firsts[:FIRST_MISMATCH_LISTED]

@@ -172,6 +172,7 @@ def build_record(
         "fault_drill": (ev.manifest or {}).get("fault_drill"),
         "worst_tokens": metrics.get("worst_tokens", []),
         "first_mismatch": metrics.get("first_mismatch", []),
+        "first_mismatch_summary": metrics.get("first_mismatch_summary", {}),
         "dlogp_histogram": metrics.get("histogram", {}),
     }
     return record
