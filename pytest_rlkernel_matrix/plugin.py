@@ -60,6 +60,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rlk-plan", action="store_true", default=False,
                     help="print each cell's env and command; run nothing")
     parser.addini("rlk_matrix", "matrix file collected by default", default="matrix.toml")
+    parser.addini("rlk_progress_interval", "seconds between progress lines of a running cell",
+                  default="30")
 
 
 def _matrix_path(config: pytest.Config) -> tuple[Path, bool]:
@@ -176,6 +178,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if not plan:
             write_json_atomic(root / PREFLIGHT_FILE, data)
     config.stash[SESSION_KEY] = session
+    if worker is None:
+        session.progress = _progress_printer(config)
+        session.progress_every = float(config.getini("rlk_progress_interval"))
     config.pluginmanager.register(MatrixHooks(config, session), "rlk-matrix-session")
     if config.pluginmanager.hasplugin("xdist"):
         from pytest_rlkernel_matrix.integrations import xdist
@@ -185,6 +190,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
     pytest_html.install(config)
     json_report.install(config)
+
+
+def _progress_printer(config: pytest.Config) -> Any:
+    """Elapsed time and the last `run.log` line of a long cell, on the real terminal."""
+
+    def show(cell: Cell, elapsed: float, line: str) -> None:
+        capman = config.pluginmanager.getplugin("capturemanager")
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is None:
+            return
+        text = f"[rlk] {cell.id}: {elapsed:.0f} s, run.log: {line[:120]}"
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                reporter.write_line(text)
+        else:
+            reporter.write_line(text)
+
+    return show
 
 
 def _session(config: pytest.Config) -> MatrixSession | None:

@@ -13,7 +13,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,12 +24,15 @@ SECRET_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I
 REDACTED = "<redacted>"
 
 # Inherited variables worth recording in matrix-case.env (the rest of os.environ is not copied
-# into the file; the process still inherits it).
+# into the file; the process still inherits it): these names, and names with these prefixes.
 RECORDED_INHERITED = (
     "VIME_ROOT", "RL_KERNEL_ROOT", "MEGATRON_ROOT", "PYTHON_BIN", "PYTHONPATH",
-    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ROCM_HOME",
-    "ROCM_PATH", "HIP_PATH", "PYTORCH_ROCM_ARCH", "CUDA_DEVICE_MAX_CONNECTIONS",
-    "PYTHONUNBUFFERED", "NCCL_DEBUG", "RCCL_DEBUG", "OMP_NUM_THREADS",
+    "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "ROCM_HOME", "ROCM_PATH", "HIP_PATH",
+    "PYTORCH_ROCM_ARCH",
+)
+RECORDED_PREFIXES = (
+    "RL_KERNEL_", "RLK_", "VIME_", "VLLM_", "MEGATRON_", "NCCL_", "RCCL_", "HSA_", "CUDA_",
+    "HIP_", "ROCR_", "TORCH_", "NVTE_",
 )
 ARTIFACT_SUBDIRS = {
     "RL_KERNEL_READBACK_DIR": "readbacks",
@@ -99,7 +102,8 @@ def cell_env(
     given.update(runner_env)
     given.update(contract)
     full = {**inherited, **given}
-    recorded = {k: inherited[k] for k in RECORDED_INHERITED if k in inherited}
+    recorded = {k: v for k, v in inherited.items()
+                if k in RECORDED_INHERITED or k.startswith(RECORDED_PREFIXES)}
     recorded.update(given)
     return full, recorded
 
@@ -134,6 +138,22 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
+def last_line(log_path: Path, tail_bytes: int = 4096) -> str:
+    """The last non-empty line of a (growing) log, read from its end only."""
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - tail_bytes))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
 def run_cell_command(
     command: str | Sequence[str],
     *,
@@ -141,8 +161,13 @@ def run_cell_command(
     env: Mapping[str, str],
     timeout: float,
     artifact_dir: Path,
+    progress: Callable[[float, str], None] | None = None,
+    progress_every: float = 30.0,
 ) -> RunResult:
-    """Run the command; `run.log` and `exit-code` land in `artifact_dir`."""
+    """Run the command; `run.log` and `exit-code` land in `artifact_dir`.
+
+    `progress(elapsed_s, last_log_line)` is called every `progress_every` seconds while it runs.
+    """
     argv: list[str] = ["bash", "-c", command] if isinstance(command, str) else list(command)
     log_path = artifact_dir / "run.log"
     started, t0 = _utc(), time.monotonic()
@@ -160,7 +185,18 @@ def run_cell_command(
             log.write(f"[rlk-matrix] {launch_error}\n".encode())
         else:
             try:
-                exit_code = proc.wait(timeout=timeout)
+                deadline = t0 + timeout
+                while True:
+                    step = min(progress_every, deadline - time.monotonic())
+                    try:
+                        exit_code = proc.wait(timeout=max(step, 0.01))
+                        break
+                    except subprocess.TimeoutExpired:
+                        if time.monotonic() >= deadline:
+                            raise
+                        if progress is not None:
+                            log.flush()
+                            progress(time.monotonic() - t0, last_line(log_path))
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc)

@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -93,6 +93,8 @@ class MatrixSession:
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     expected_cells: int = 0
     interrupted: bool = False
+    progress: Callable[[Cell, float, str], None] | None = None
+    progress_every: float = 30.0
 
     # -- layout ---------------------------------------------------------------------------------
     def set_selected(self, cells: Sequence[Cell]) -> None:
@@ -202,8 +204,15 @@ class MatrixSession:
         command = self.matrix.runner.command
         cwd = self.command_cwd()
         (run_dir / "matrix-case.env").write_text(render_case_env(recorded, command, cwd))
+        report_progress = self.progress
+
+        def progress(elapsed: float, line: str) -> None:
+            if report_progress is not None:
+                report_progress(cell, elapsed, line)
+
         result = run_cell_command(command, cwd=cwd, env=env, timeout=self.matrix.runner.timeout,
-                                  artifact_dir=run_dir)
+                                  artifact_dir=run_dir, progress=progress,
+                                  progress_every=self.progress_every)
         meta = {
             "session": self.token,
             "cell": cell_to_dict(cell),

@@ -2,7 +2,7 @@
 RL-Kernel-format artifacts, with one planted fault chosen by `FAKE_SCENARIO`.
 
 Scenarios: clean (default), silent_fallback, recorded_fallback, unsupported, contract_mismatch,
-stale_weight, crash, hang, nan, missing_readback, build_failure, no_perf, profiler.
+stale_weight, crash, hang, nan, missing_readback, build_failure, no_perf, profiler, slow.
 `FAKE_ONLY_WHEN=<cases key>` (e.g. `A-RR_F-RR_L-RR`) plants the fault in that run only.
 A P side adds a deterministic drift to that side's logprobs, so P cells drift and R/R does not.
 """
@@ -49,6 +49,10 @@ def main() -> int:
     if scenario == "hang":
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         time.sleep(600)
+    if scenario == "slow":
+        for i in range(5):
+            print(f"rollout {i}: {{'rollout/response_lengths': [1]}}", flush=True)
+            time.sleep(0.6)
     if scenario == "build_failure":
         print("ImportError: cannot import name '_C' from 'rl_engine' (extension unavailable)")
         return 5

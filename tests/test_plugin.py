@@ -372,3 +372,24 @@ def test_report_command_reproduces_the_report(pytester: pytest.Pytester, make_ma
     before.pop("created"), after.pop("created")
     assert before == after
     assert before["summary"] == {"fallback": 1, "valid": 7}
+
+
+def test_progress_lines_for_a_long_cell(pytester: pytest.Pytester, make_matrix,
+                                        tmp_path: Path) -> None:
+    make_matrix(env={"FAKE_SCENARIO": "slow"}, modules='["attention"]')
+    result = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'root'}", "-k", "R/R",
+                                "-o", "rlk_progress_interval=1")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["[[]rlk[]] cpu/attention-rr: * s, run.log: rollout *"])
+
+
+def test_profiler_contaminates_performance_only(pytester: pytest.Pytester, make_matrix,
+                                                tmp_path: Path) -> None:
+    make_matrix(env={"FAKE_SCENARIO": "profiler"}, modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "R/R")
+    cell = _cell(_report(root), "attention", "R/R")
+    assert result.ret == 0 and cell["verdict"] == "valid"
+    assert cell["validity"]["performance"]["valid"] is False
+    assert cell["performance_usable"] is False
+    assert "profiler" in " ".join(cell["validity"]["performance"]["reasons"])

@@ -1,0 +1,77 @@
+"""The default matrix on the built-in reference workload, read through the plugin (CPU, tiny)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(pytester: pytest.Pytester, root: Path, *args: str) -> tuple[pytest.RunResult, dict]:
+    result = pytester.runpytest_subprocess(f"--rlk-matrix={REPO / 'matrix.toml'}",
+                                           f"--rlk-matrix-root={root}", "-p", "no:cacheprovider",
+                                           *args)
+    return result, json.loads((root / "matrix-report.json").read_text())
+
+
+def _cell(report: dict, module: str, case: str) -> dict:
+    (cell,) = [c for c in report["cells"] if c["module"] == module and c["case"] == case]
+    return cell
+
+
+def test_default_pairwise_matrix(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    result, report = _run(pytester, tmp_path / "root")
+    assert result.ret == 0
+    assert report["summary"] == {"valid": 12} and report["complete"]
+    rr = _cell(report, "attention", "R/R")
+    assert rr["mismatch_count"] == 0 and rr["bitwise_mismatch_count"] == 0
+    assert rr["active_token_count"] >= 2000
+    assert rr["contract"] == {"kind": "bitwise"}
+    for module in ("attention", "ffn", "logp"):
+        for case in ("P/R", "R/P", "P/P"):
+            cell = _cell(report, module, case)
+            assert cell["mismatch_count"] > 0, (module, case)
+            assert cell["validity"]["numeric"]["valid"] is None  # P side: reported, not judged
+        assert "drift from" in next(a["conclusion"] for a in report["attribution"]
+                                    if a["module"] == module)
+    attention_pr = _cell(report, "attention", "P/R")
+    assert attention_pr["actual_training_implementation"] == "production"
+    assert attention_pr["actual_rollout_implementation"] == "rl_kernel"
+    assert attention_pr["step_wall_time"] and attention_pr["rollout_wall_time"]
+    assert (tmp_path / "root" / "matrix-report.html").exists()
+
+
+@pytest.mark.parametrize(
+    ("fault", "verdict", "words"),
+    [
+        ("recorded_fallback:attention:rollout", "fallback", ("attention", "rollout", "fallback")),
+        ("silent_fallback:ffn:training", "contract_mismatch", ("bitwise contract violated",)),
+        ("corrupt_weight", "incomparable", ("weight version", "vllm-rollout")),
+        ("unsupported:logp:rollout", "unsupported", ("logp", "rollout", "platform_unsupported")),
+    ],
+)
+def test_fault_drills(pytester: pytest.Pytester, tmp_path: Path, fault: str, verdict: str,
+                      words: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLK_REF_FAULT", fault)
+    result, report = _run(pytester, tmp_path / "root", "-k", "attention and R/R",
+                          "-o", "rlk_matrix=matrix.toml")
+    cell = _cell(report, "attention", "R/R")
+    assert cell["verdict"] == verdict, cell["reasons"]
+    text = " ".join(cell["reasons"])
+    for word in words:
+        assert word in text, cell["reasons"]
+    assert cell["fault_drill"]  # the drill is recorded as such in manifest.json
+    assert result.ret == (1 if verdict == "incomparable" else 0)  # audit mode
+
+
+def test_strict_mode_fails_closed_on_a_drill(pytester: pytest.Pytester, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLK_REF_FAULT", "unsupported:attention:rollout")
+    result, report = _run(pytester, tmp_path / "root", "--rlk-mode=strict", "-m", "rlk_baseline")
+    assert result.ret == 1
+    cell = _cell(report, "attention", "R/R")
+    assert cell["verdict"] == "unsupported" and cell["exit_code"] == 4
+    assert cell["unsupported_class"] == "platform_unsupported"
