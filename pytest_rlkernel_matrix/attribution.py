@@ -100,6 +100,32 @@ def _time_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[
     return "no measurable slowdown (differences within the measured spread)", refused
 
 
+def _signature(cell: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    keys = ("mismatch_count", "active_token_count", "logprob_abs_diff_mean",
+            "logprob_abs_diff_max")
+    values = tuple(cell.get(k) for k in keys)
+    return None if None in values or not cell.get("mismatch_count") else values
+
+
+def baseline_suspects(records: Sequence[Mapping[str, Any]], hardware: str) -> list[str]:
+    """When R/R breaks its contract, the single-module P cells it drifts *exactly* like.
+
+    A deterministic job whose R/R run secretly runs P for one side of one module produces the
+    same logprobs as that module's P cell on that side, so equal drift statistics point at it.
+    """
+    rr = next((r for r in records if r.get("hardware") == hardware and r.get("baseline")), None)
+    if rr is None or rr.get("verdict") != "contract_mismatch":
+        return []
+    sig = _signature(rr)
+    out: list[str] = []
+    for r in records:
+        if (r.get("hardware") == hardware and r.get("module") in MODULES
+                and r.get("case") in ("P/R", "R/P") and _signature(r) == sig):
+            side = "training" if r["case"] == "P/R" else "rollout"
+            out.append(f"{r['module']} {side}")
+    return out
+
+
 def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (hardware, module) that has its 2x2 cells in the report."""
     by_key: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
@@ -129,8 +155,14 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         }
         invalid = [f"{c} is {cells[c].get('verdict')}" for c in CELLS
                    if cells[c].get("verdict") != "valid"]
-        if invalid:
-            entry["refused"].extend(invalid)
+        suspects = baseline_suspects(records, hardware)
+        entry["refused"].extend(invalid)
+        if suspects:
+            entry["suspects"] = suspects
+            drift = (f"R/R breaks its bitwise contract and drifts exactly like "
+                     f"{' and '.join(s + '-P' for s in suspects)}: suspect a silent fallback "
+                     f"to P on the {' / '.join(suspects)} side")
+        elif invalid:
             drift = f"no drift conclusion ({'; '.join(invalid)})"
         else:
             drift = _drift_conclusion(cells)

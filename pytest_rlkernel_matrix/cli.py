@@ -3,7 +3,10 @@
 - `rlk-matrix preflight [--output DIR]`: only the preflight (fingerprints, raw command output);
 - `rlk-matrix report <matrix-root> [--output FILE]`: re-read every run directory's artifacts and
   rewrite `matrix-report.json` (the request's `analyze-ablation-matrix.py --matrix-root --output`);
-- `rlk-matrix table <matrix-report.json>`: drift and phase times per cell as a markdown table.
+- `rlk-matrix table <matrix-report.json>`: drift and phase times per cell as a markdown table;
+- `rlk-matrix merge a.json b.json [...] -o out.json`: reports from different hardware side by side
+  (never a ratio across hardware, builds or topologies);
+- `rlk-matrix compare old.json new.json [thresholds]`: per-cell changes; exit 1 past a threshold.
 """
 
 from __future__ import annotations
@@ -96,6 +99,48 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from pytest_rlkernel_matrix.html import write_html
+    from pytest_rlkernel_matrix.merge import MergeError, load_report, merge_reports, render
+    from pytest_rlkernel_matrix.report import write_json_atomic
+
+    out = Path(args.output)
+    inputs = [Path(p) for p in args.reports]
+    if any(p.resolve() == out.resolve() for p in inputs):
+        print(f"rlk-matrix: output {out} is one of the inputs; refusing", file=sys.stderr)
+        return 2
+    try:
+        merged = merge_reports([(p, load_report(p)) for p in inputs],
+                               allow_duplicates=args.allow_duplicates)
+    except MergeError as exc:
+        print(f"rlk-matrix: {exc}", file=sys.stderr)
+        return 2
+    write_json_atomic(out, merged)
+    html = write_html(merged, out.with_suffix(".html"))
+    print("\n".join(render(merged)))
+    print(f"merged: {out} and {html}: {merged['summary']}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from pytest_rlkernel_matrix.compare import Thresholds, compare_reports, render
+    from pytest_rlkernel_matrix.merge import MergeError, load_report
+    from pytest_rlkernel_matrix.report import write_json_atomic
+
+    try:
+        old, new = load_report(Path(args.old)), load_report(Path(args.new))
+        thresholds = Thresholds(args.max_drift_increase, args.max_mismatch_increase,
+                                args.max_time_increase_pct, args.fail_on_verdict_change)
+        result = compare_reports(old, new, thresholds, old_name=args.old, new_name=args.new)
+    except (MergeError, ValueError) as exc:
+        print(f"rlk-matrix: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(render(result)))
+    if args.json:
+        write_json_atomic(Path(args.json), result)
+    return 1 if result["violations"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlk-matrix", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
@@ -111,6 +156,26 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("table", help="markdown table of a report: drift, times, R/P ratio")
     t.add_argument("report")
     t.set_defaults(func=_table)
+    m = sub.add_parser("merge", help="reports from different hardware side by side (no ratios)")
+    m.add_argument("reports", nargs="+", help="matrix-report.json files (two or more)")
+    m.add_argument("-o", "--output", required=True,
+                   help="merged report path; the HTML goes next to it (.html)")
+    m.add_argument("--allow-duplicates", action="store_true",
+                   help="keep a (hardware, module, case) found in several inputs")
+    m.set_defaults(func=_merge)
+    c = sub.add_parser("compare", help="per-cell changes old -> new; exit 1 past a threshold")
+    c.add_argument("old")
+    c.add_argument("new")
+    c.add_argument("--max-drift-increase", type=float, default=None, metavar="X",
+                   help="fail when a cell's max |dlogp| rises by more than X")
+    c.add_argument("--max-mismatch-increase", type=int, default=None, metavar="N",
+                   help="fail when a cell's mismatch_count rises by more than N")
+    c.add_argument("--max-time-increase-pct", type=float, default=None, metavar="P",
+                   help="fail when a comparable step/rollout/training time rises by more than P%%")
+    c.add_argument("--fail-on-verdict-change", action="store_true",
+                   help="fail when any matched cell's verdict changes")
+    c.add_argument("--json", default=None, metavar="FILE", help="write the comparison as JSON")
+    c.set_defaults(func=_compare)
     return parser
 
 

@@ -75,3 +75,16 @@ def test_strict_mode_fails_closed_on_a_drill(pytester: pytest.Pytester, tmp_path
     cell = _cell(report, "attention", "R/R")
     assert cell["verdict"] == "unsupported" and cell["exit_code"] == 4
     assert cell["unsupported_class"] == "platform_unsupported"
+
+
+def test_attribution_points_at_a_silent_fallback(pytester: pytest.Pytester, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollout attention secretly runs P in every cell: R/R drifts exactly like attention R/P."""
+    monkeypatch.setenv("RLK_REF_FAULT", "silent_fallback:attention:rollout")
+    result, report = _run(pytester, tmp_path / "root", "-k", "attention or ffn and R/P")
+    assert result.ret == 0  # audit: recorded, not failed
+    rr = _cell(report, "attention", "R/R")
+    assert rr["verdict"] == "contract_mismatch"
+    entry = next(a for a in report["attribution"] if a["module"] == "attention")
+    assert entry["suspects"] == ["attention rollout"]
+    assert "silent fallback" in entry["conclusion"]

@@ -1,0 +1,210 @@
+"""`rlk-matrix merge` and `rlk-matrix compare`, run as real subprocesses on the example reports."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLES = Path(__file__).parents[1] / "docs" / "examples"
+CPU = EXAMPLES / "cpu" / "matrix-report.json"
+H200 = EXAMPLES / "h200" / "matrix-report.json"
+# A number followed by "x" or "times" (e.g. "1.4x faster"), or any speedup wording.
+RATIO = re.compile(r"\d(\.\d+)?\s*(x|times)\b|speed-?up|faster|slower", re.IGNORECASE)
+
+
+def rlk(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def copy_report(tmp_path: Path) -> Callable[..., Path]:
+    """Copy an example report into tmp_path as `name`, optionally editing it first."""
+
+    def copy(src: Path, name: str, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+        data = json.loads(src.read_text())
+        if edit:
+            edit(data)
+        out = tmp_path / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data))
+        return out
+
+    return copy
+
+
+def cell(report: dict[str, Any], module: str, case: str) -> dict[str, Any]:
+    return next(c for c in report["cells"] if c["module"] == module and c["case"] == case)
+
+
+# -- merge -----------------------------------------------------------------------------------------
+
+
+def test_merge_side_by_side_without_ratios(tmp_path: Path,
+                                           copy_report: Callable[..., Path]) -> None:
+    a, b = copy_report(CPU, "cpu/matrix-report.json"), copy_report(H200, "h200/matrix-report.json")
+    out = tmp_path / "merged" / "merged.json"
+    proc = rlk("merge", a, b, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    header = next(line for line in text.splitlines() if line.startswith("module"))
+    assert "cpu verdict" in header and "h200 verdict" in header
+    assert "cpu step" in header and "h200 step" in header
+    table = text[text.index(header):text.index("comparability:")]
+    assert len([line for line in table.splitlines() if line.strip()]) == 1 + 12  # one table
+    assert "32.65s" in table and "1.52s" in table  # each hardware's own step time
+    assert not RATIO.search(text), RATIO.search(text)
+    assert "comparability: side by side only" in text
+    assert "no speed or time ratio is computed across different hardware" in text
+
+    merged = json.loads(out.read_text())
+    assert merged["schema_version"] == "rlk-matrix.report.v1"
+    assert len(merged["cells"]) == 24
+    assert {c["hardware"] for c in merged["cells"]} == {"cpu", "h200"}
+    assert merged["summary"] == {"valid": 24}
+    assert merged["matrix"]["hardware"] == ["cpu", "h200"]
+    assert merged["comparability"]["ratios_across_sources"] is False
+    assert "side by side only" in merged["comparability"]["note"]
+    assert merged["comparability"]["same_build_fingerprint"] is False
+    src = {s["matrix_name"]: s for s in merged["sources"]}
+    assert src["reference-workload"]["hardware"] == ["cpu"]
+    assert src["reference-workload"]["hardware_fingerprint"] == "9fcfee5f1e33b20d"
+    assert src["reference-workload-h200"]["build_fingerprint"] == "12ad47e9f0ac2067"
+    assert not RATIO.search(json.dumps(merged["comparability"]))
+    assert out.with_suffix(".html").read_text().startswith("<!DOCTYPE html>")
+    assert not list(out.parent.glob(".*.tmp"))
+
+
+def test_merge_refuses_duplicates(tmp_path: Path, copy_report: Callable[..., Path]) -> None:
+    a = copy_report(CPU, "a/matrix-report.json")
+    b = copy_report(CPU, "b/matrix-report.json",
+                    lambda r: r.update(cells=[cell(r, "ffn", "P/R")]))
+    out = tmp_path / "merged.json"
+    proc = rlk("merge", a, b, "-o", out)
+    assert proc.returncode == 2
+    assert "duplicate" in proc.stderr and "(cpu, ffn, P/R)" in proc.stderr
+    assert "--allow-duplicates" in proc.stderr
+    assert not out.exists()
+
+    proc = rlk("merge", a, b, "-o", out, "--allow-duplicates")
+    assert proc.returncode == 0, proc.stderr
+    merged = json.loads(out.read_text())
+    assert len(merged["cells"]) == 13
+    assert "cpu[1] verdict" in proc.stdout and "cpu[2] verdict" in proc.stdout
+
+
+def test_merge_rejects_non_report(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_version": "something-else"}')
+    proc = rlk("merge", CPU, bad, "-o", tmp_path / "m.json")
+    assert proc.returncode == 2 and "not a rlk-matrix.report.v1 report" in proc.stderr
+
+
+# -- compare ---------------------------------------------------------------------------------------
+
+
+def test_compare_identical_reports_report_only(tmp_path: Path) -> None:
+    proc = rlk("compare", CPU, CPU, "--json", tmp_path / "cmp.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "gate: not set" in proc.stdout
+    result = json.loads((tmp_path / "cmp.json").read_text())
+    assert len(result["cells"]) == 12 and not result["violations"]
+    assert all(c["times"]["comparable"] for c in result["cells"])
+    strict = rlk("compare", CPU, CPU, "--max-drift-increase", "0", "--max-mismatch-increase", "0",
+                 "--max-time-increase-pct", "0", "--fail-on-verdict-change")
+    assert strict.returncode == 0 and "gate: passed" in strict.stdout
+
+
+def _drift_up(r: dict[str, Any]) -> None:
+    c = cell(r, "attention", "P/R")
+    c["logprob_abs_diff_max"] += 0.05
+    c["mismatch_count"] += 100
+
+
+@pytest.mark.parametrize(("flags", "code", "check"), [
+    ((), 0, None),
+    (("--max-drift-increase", "0.01"), 1, "drift"),
+    (("--max-drift-increase", "0.1"), 0, None),
+    (("--max-mismatch-increase", "50"), 1, "mismatch"),
+    (("--max-mismatch-increase", "100"), 0, None),
+])
+def test_compare_drift_thresholds(copy_report: Callable[..., Path], flags: tuple[str, ...],
+                                  code: int, check: str | None) -> None:
+    new = copy_report(CPU, "new.json", _drift_up)
+    proc = rlk("compare", CPU, new, *flags)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "0.0201 -> 0.0701 (+0.05)" in proc.stdout
+    assert "2,310 -> 2,410 (+100)" in proc.stdout
+    if check:
+        assert f"VIOLATION {check}: cpu attention P/R:" in proc.stdout
+        assert "gate: failed (1 violation(s))" in proc.stdout
+
+
+def _slower(r: dict[str, Any]) -> None:
+    c = cell(r, "ffn", "P/P")
+    c["step_wall_time"] *= 1.2
+    c["rollout_wall_time"] *= 1.2
+
+
+@pytest.mark.parametrize(("pct", "code"), [("10", 1), ("25", 0)])
+def test_compare_time_threshold(tmp_path: Path, copy_report: Callable[..., Path],
+                                pct: str, code: int) -> None:
+    new = copy_report(CPU, "new.json", _slower)
+    proc = rlk("compare", CPU, new, "--max-time-increase-pct", pct, "--json", tmp_path / "c.json")
+    assert proc.returncode == code, proc.stdout
+    assert "(+20.0%)" in proc.stdout
+    violations = json.loads((tmp_path / "c.json").read_text())["violations"]
+    if code:
+        assert [v["check"] for v in violations] == ["time", "time"]  # step and rollout
+        assert "VIOLATION time: cpu ffn P/P: step time rose 20.0%" in proc.stdout
+    else:
+        assert not violations
+
+
+def test_compare_verdict_change(copy_report: Callable[..., Path]) -> None:
+    new = copy_report(CPU, "new.json", lambda r: cell(r, "logp", "R/P").update(
+        verdict="fallback", performance_usable=False))
+    proc = rlk("compare", CPU, new)
+    assert proc.returncode == 0  # no threshold given: report only
+    assert "valid -> fallback" in proc.stdout
+    proc = rlk("compare", CPU, new, "--fail-on-verdict-change")
+    assert proc.returncode == 1
+    assert "VIOLATION verdict: cpu logp R/P: verdict changed valid -> fallback" in proc.stdout
+    assert "cpu logp R/P: times not compared: new cell is not performance_usable" in proc.stdout
+
+
+def test_compare_incomparable_timing_explained(tmp_path: Path,
+                                               copy_report: Callable[..., Path]) -> None:
+    def rebuild(r: dict[str, Any]) -> None:
+        for c in r["cells"]:
+            c["build_fingerprint"] = "0000000000000000"
+            c["step_wall_time"] *= 3
+
+    new = copy_report(CPU, "new.json", rebuild)
+    proc = rlk("compare", CPU, new, "--max-time-increase-pct", "5", "--json", tmp_path / "c.json")
+    assert proc.returncode == 0, proc.stdout  # times never compared, so never a violation
+    assert ("times not compared: build fingerprint differs (cd82d67f6d84dac3 vs "
+            "0000000000000000)") in proc.stdout
+    assert "%" not in "".join(proc.stdout.splitlines()[2:14])  # no percentage in the table
+    assert "--max-time-increase-pct not applied to 12 cell(s)" in proc.stdout
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["times_not_compared"] == 12
+    assert all(c["times"]["step_wall_time"]["pct"] is None for c in result["cells"])
+
+
+def test_compare_one_sided_cells_and_bad_input(tmp_path: Path,
+                                               copy_report: Callable[..., Path]) -> None:
+    new = copy_report(CPU, "new.json", lambda r: r.update(
+        cells=[c for c in r["cells"] if c["module"] != "logp"]))
+    proc = rlk("compare", CPU, new)
+    assert proc.returncode == 0
+    assert "only in old: cpu logp R/R, cpu logp P/R, cpu logp R/P, cpu logp P/P" in proc.stdout
+    proc = rlk("compare", CPU, tmp_path / "missing.json")
+    assert proc.returncode == 2 and "unreadable report" in proc.stderr
