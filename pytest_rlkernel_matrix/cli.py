@@ -33,11 +33,17 @@ def _preflight(args: argparse.Namespace) -> int:
     raw = out / "preflight-raw"
     raw.mkdir(exist_ok=True)
     data = pf.collect_preflight(raw_dir=raw)
+    from pytest_rlkernel_matrix.capability import capability_report
+
+    data["capabilities"] = capability_report(data, data.get("gpu", {}).get("backend", "cpu"),
+                                             r_provider=args.r_provider)
     hw, build = pf.fingerprint(data)
     write_json_atomic(target, data)
     gpu = data.get("gpu", {})
     print(f"preflight: {target} (backend {gpu.get('backend')}, {gpu.get('count')} GPU(s); "
           f"hardware {hw}, build {build})")
+    for key, entry in data["capabilities"]["capabilities"].items():
+        print(f"  {entry['status']:11s} {key}: {entry.get('reason', '')}"[:160])
     return 0
 
 
@@ -147,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("preflight", help="fingerprint this machine and software; run nothing")
     p.add_argument("--output", default=".", help="directory for preflight.json (default: .)")
+    p.add_argument("--r-provider", choices=("rl_engine", "workload"), default="rl_engine",
+                   help="whose R kernels to check: RL-Kernel's (default) or the built-in "
+                   "reference workload's")
     p.set_defaults(func=_preflight)
     r = sub.add_parser("report", help="re-read a matrix root's artifacts; rewrite the report")
     r.add_argument("matrix_root")

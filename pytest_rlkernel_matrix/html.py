@@ -626,8 +626,15 @@ def _preflight(report: Mapping[str, Any], pre: Mapping[str, Any] | None) -> str:
     cmds = [(_e(n), _e(_map(c).get("status")), _e(_fmt(_map(c).get("returncode"))))
             for n, c in _map(pre.get("commands")).items()]
     env = _map(pre.get("env"))
+    caps_report = _map(pre.get("capabilities"))
+    caps = [(_e(k), _e(_map(c).get("status")), _e(_map(c).get("unsupported_class") or ""),
+             _e(_map(c).get("check")), _e(_map(c).get("reason")))
+            for k, c in _map(caps_report.get("capabilities")).items()]
     return "".join((
         head, _kv((k, v) for k, v in facts if v is not None),
+        f"<h3>capabilities (R provider: {_e(caps_report.get('r_provider'))})</h3>"
+        if caps else "",
+        _table(("capability", "status", "class", "check", "reason"), caps) if caps else "",
         "<h3>repositories</h3>", _table(("repo", "root", "commit", "dirty", "status"), repos),
         "<h3>packages</h3>", _table(("package", "version", "found"), pkgs),
         "<h3>commands</h3>", _table(("command", "status", "exit"), cmds),

@@ -100,6 +100,12 @@ class RunnerSection(_Strict):
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(default=1800.0, gt=0, description="seconds; the process group is killed")
+    r_provider: Literal["auto", "workload", "rl_engine", "external"] = Field(
+        default="auto",
+        description="whose R kernels the command runs: the built-in workload's, RL-Kernel's "
+        "(rl_engine, checked by preflight) or external (preflight cannot check them: untested); "
+        "auto decides from the command",
+    )
     repeats: int = Field(default=1, ge=1, description="measured steps per cell (medians, spread)")
     warmup: int = Field(default=0, ge=0, description="leading steps excluded from timings")
 

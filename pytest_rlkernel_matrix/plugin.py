@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,10 +101,29 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
     def where(value: str | None) -> Path | None:
         return (path.parent / os.path.expandvars(value)).resolve() if value else None
 
-    data = pf.collect_preflight(topology=profile_topology, checkpoint=where(section.checkpoint),
+    # The probe runs in the Python the cells use ($PYTHON_BIN, the validated environment).
+    data = pf.collect_preflight(python=os.environ.get("PYTHON_BIN") or sys.executable,
+                                topology=profile_topology, checkpoint=where(section.checkpoint),
                                 tokenizer=where(section.tokenizer), timeout=section.timeout,
                                 raw_dir=raw_dir)
     detected = pf.detect_hardware(data, matrix.hardware)
+    from pytest_rlkernel_matrix.capability import capability_report, r_provider_for_command
+
+    runner = matrix.runner
+    command = runner.command if isinstance(runner.command, str) else " ".join(runner.command)
+    provider = r_provider_for_command(command) if runner.r_provider == "auto" else runner.r_provider
+    backend = matrix.hardware[names[0] if names else detected].backend if (
+        names or detected) else data.get("gpu", {}).get("backend", "cpu")
+    caps = capability_report(data, backend,
+                             r_provider="rl_engine" if provider == "external" else provider)
+    if provider == "external":
+        for key, entry in caps["capabilities"].items():
+            if key.startswith("r_backend."):
+                entry.update(status="untested", reason="[runner] r_provider = external: the "
+                             "command's own R kernels; preflight cannot check them")
+                entry.pop("unsupported_class", None)
+        caps["r_provider"] = "external"
+    data["capabilities"] = caps
     gpu = data.get("gpu", {})
     seen = f"backend {gpu.get('backend', '?')}, GPUs: {', '.join(gpu.get('names') or []) or 'none'}"
     if not names:

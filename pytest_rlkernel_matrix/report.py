@@ -113,7 +113,8 @@ def analyze_run(
     mode = str(meta["mode"])
     ev = read_evidence(run_dir)
     decision = decide(cell, mode=mode, run=run, ev=ev, env=meta.get("env", {}), gaps=gaps,
-                      warmup=int(meta.get("warmup", 0)))
+                      warmup=int(meta.get("warmup", 0)),
+                      blockers=[tuple(b) for b in meta.get("preflight_blockers", [])])
     return build_record(cell, meta, run, ev, decision, fingerprints or meta.get("fingerprints", {}))
 
 

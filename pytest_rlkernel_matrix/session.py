@@ -36,6 +36,7 @@ from pytest_rlkernel_matrix.report import (
 )
 from pytest_rlkernel_matrix.runner import (
     ARTIFACT_SUBDIRS,
+    RunResult,
     cell_env,
     contract_env,
     is_secret,
@@ -178,7 +179,7 @@ class MatrixSession:
                 return self._label(record, cell)
             if run_dir.exists() and any(run_dir.iterdir()):
                 return self._refusal(cell, mode, run_dir)
-            record = self._execute(cell, mode, run_dir, env_hook)
+            record = self._execute(cell, mode, run_dir, env_hook, self.blockers(cell, mode))
             return self._label(record, cell)
 
     def _refusal(self, cell: Cell, mode: str, run_dir: Path) -> dict[str, Any]:
@@ -191,7 +192,18 @@ class MatrixSession:
         record["failed"] = True
         return record
 
-    def _execute(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any) -> dict[str, Any]:
+    def blockers(self, cell: Cell, mode: str) -> list[list[str]]:
+        """(class, reason) for each module whose requested R backend preflight found unavailable."""
+        caps = self.preflight.get("capabilities")
+        if mode == "off" or not caps:
+            return []
+        from pytest_rlkernel_matrix.capability import requested_r_blockers
+
+        wanted = [m for m in cell.cases.as_dict() if "R" in cell.cases.of(m)]
+        return [list(b) for b in requested_r_blockers(caps, wanted)]
+
+    def _execute(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
+                 blockers: list[list[str]]) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
         for sub in ARTIFACT_SUBDIRS.values():
             (run_dir / sub).mkdir(exist_ok=True)
@@ -204,6 +216,19 @@ class MatrixSession:
         command = self.matrix.runner.command
         cwd = self.command_cwd()
         (run_dir / "matrix-case.env").write_text(render_case_env(recorded, command, cwd))
+        if blockers:
+            write_json_atomic(run_dir / "capability-decision.json", {
+                "mode": mode, "blockers": blockers,
+                "decision": "not started (strict: fail closed before launch)" if mode == "strict"
+                else "started: the requested path may not run; evidence decides",
+            })
+        if blockers and mode == "strict":
+            now = datetime.now(UTC).isoformat(timespec="seconds")
+            result = RunResult(command=command if isinstance(command, str) else list(command),
+                               exit_code=None, timed_out=False, interrupted=False,
+                               wall_time=0.0, started=now, finished=now)
+            (run_dir / "exit-code").write_text("not-started\n")
+            return self._finish(cell, mode, run_dir, result, recorded, blockers)
         report_progress = self.progress
 
         def progress(elapsed: float, line: str) -> None:
@@ -213,6 +238,13 @@ class MatrixSession:
         result = run_cell_command(command, cwd=cwd, env=env, timeout=self.matrix.runner.timeout,
                                   artifact_dir=run_dir, progress=progress,
                                   progress_every=self.progress_every)
+        record = self._finish(cell, mode, run_dir, result, recorded, blockers)
+        if result.interrupted:
+            raise KeyboardInterrupt
+        return record
+
+    def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,
+                recorded: Mapping[str, str], blockers: list[list[str]]) -> dict[str, Any]:
         meta = {
             "session": self.token,
             "cell": cell_to_dict(cell),
@@ -224,12 +256,11 @@ class MatrixSession:
             "warmup": self.matrix.runner.warmup,
             "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
             "fingerprints": self.fingerprints,
+            "preflight_blockers": blockers,
         }
         write_json_atomic(run_dir / CELL_RUN_FILE, meta)
         record = self._analyze(run_dir, cell)
         write_json_atomic(run_dir / RECORD_CACHE, record)
-        if result.interrupted:
-            raise KeyboardInterrupt
         return record
 
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:

@@ -278,8 +278,9 @@ def decide(
     env: Mapping[str, str],
     gaps: Sequence[ExpectedGap] = (),
     warmup: int = 0,
+    blockers: Sequence[tuple[str, str]] = (),
 ) -> Decision:
-    """Judge one finished run."""
+    """Judge one finished run (or one strict mode refused to start: `blockers` from preflight)."""
     route, mismatch, fallbacks = _judge_route(cell, mode, ev)
     semantic = _judge_semantic(ev)
     for reason in mismatch.reasons:
@@ -287,6 +288,10 @@ def decide(
     numeric, contract, evidence_errors = _judge_numeric(ev, mode)
     performance = _judge_performance(ev, env, route.valid is not False, mode, warmup)
     unsupported = _unsupported(cell, ev)
+    not_started = run.exit_code is None and not run.launch_error and not run.timed_out
+    if blockers and not_started:
+        unsupported = [(cls, f"preflight: {why}; not started (strict fails closed)")
+                       for cls, why in blockers] + unsupported
 
     run_errors: list[str] = []
     if run.launch_error:
@@ -315,6 +320,9 @@ def decide(
     elif unsupported:
         verdict, unsupported_class = "unsupported", unsupported[0][0]
         reasons = [f"{cls}: {why}" for cls, why in unsupported] + run_errors
+    elif blockers and fallbacks:
+        verdict = "fallback"
+        reasons = fallbacks + [f"preflight: {cls}: {why}" for cls, why in blockers]
     elif fallbacks:
         verdict, reasons = "fallback", fallbacks + run_errors
     elif evidence_errors:

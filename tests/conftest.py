@@ -21,13 +21,14 @@ FAKE = Path(__file__).with_name("fake_framework.py")
 def matrix_toml(
     *, mode: str = "audit", layout: str = "pairwise", env: dict[str, str] | None = None,
     timeout: float = 60, extra: str = "", modules: str = '["attention", "ffn", "logp"]',
-    hardware: str = '[hardware.cpu]\nbackend = "cpu"\n',
+    hardware: str = '[hardware.cpu]\nbackend = "cpu"\n', r_provider: str = "external",
 ) -> str:
     env_line = ", ".join(f'{k} = "{v}"' for k, v in (env or {}).items())
     return (
         f'[matrix]\nname = "test"\nmodules = {modules}\nmode = "{mode}"\nlayout = "{layout}"\n'
         f"{extra}\n"
         f'[runner]\ncommand = ["{sys.executable}", "{FAKE}"]\ntimeout = {timeout}\n'
+        f'r_provider = "{r_provider}"\n'
         f"env = {{ {env_line} }}\n\n{hardware}"
     )
 

@@ -393,3 +393,36 @@ def test_profiler_contaminates_performance_only(pytester: pytest.Pytester, make_
     assert cell["validity"]["performance"]["valid"] is False
     assert cell["performance_usable"] is False
     assert "profiler" in " ".join(cell["validity"]["performance"]["reasons"])
+
+
+def test_strict_fails_fast_when_preflight_finds_no_r_backend(
+    pytester: pytest.Pytester, make_matrix, tmp_path: Path
+) -> None:
+    """No rl_engine here: strict refuses the R cells before launch; P/P still runs."""
+    make_matrix(r_provider="rl_engine", modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "--rlk-mode=strict")
+    assert result.ret == 1
+    report = _report(root)
+    pre = json.loads((root / "preflight.json").read_text())
+    assert pre["capabilities"]["capabilities"]["r_backend.attention"]["status"] == "unavailable"
+    rr = _cell(report, "attention", "R/R")
+    assert rr["verdict"] == "unsupported" and rr["exit_code"] is None
+    assert rr["unsupported_class"] == "platform_unsupported"
+    assert any("not started (strict fails closed)" in r for r in rr["reasons"])
+    cell_dir = root / "cpu" / "attention-rr"
+    assert (cell_dir / "exit-code").read_text().strip() == "not-started"
+    assert (cell_dir / "matrix-case.env").exists()
+    assert json.loads((cell_dir / "capability-decision.json").read_text())["blockers"]
+    assert not (cell_dir / "run.log").exists()  # the job never started
+    # attention P/P still needs R for ffn and logp (fixed at R/R): refused too
+    assert _cell(report, "attention", "P/P")["verdict"] == "unsupported"
+    # off mode needs no RL-Kernel at all: the native baseline runs
+    off = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'off'}", "--rlk-mode=off")
+    assert off.ret == 0
+    assert _cell(_report(tmp_path / "off"), "attention", "P/P")["verdict"] == "valid"
+    # audit runs what is available; the evidence decides
+    audit = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'audit'}", "--rlk-mode=audit",
+                               "-k", "R/R")
+    assert audit.ret == 0
+    assert _cell(_report(tmp_path / "audit"), "attention", "R/R")["verdict"] == "valid"
