@@ -137,7 +137,8 @@ def _compare(args: argparse.Namespace) -> int:
         old, new = load_report(Path(args.old)), load_report(Path(args.new))
         thresholds = Thresholds(args.max_drift_increase, args.max_mismatch_increase,
                                 args.max_time_increase_pct, args.fail_on_verdict_change)
-        result = compare_reports(old, new, thresholds, old_name=args.old, new_name=args.new)
+        result = compare_reports(old, new, thresholds, old_name=args.old, new_name=args.new,
+                                 accept_build_change=args.accept_build_change)
     except (MergeError, ValueError) as exc:
         print(f"rlk-matrix: {exc}", file=sys.stderr)
         return 2
@@ -183,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail when a comparable step/rollout/training time rises by more than P%%")
     c.add_argument("--fail-on-verdict-change", action="store_true",
                    help="fail when any matched cell's verdict changes")
+    c.add_argument("--accept-build-change", action="store_true",
+                   help="compare times across different builds (same hardware fingerprint "
+                   "still required): the regression gate for a new commit")
     c.add_argument("--json", default=None, metavar="FILE", help="write the comparison as JSON")
     c.set_defaults(func=_compare)
     return parser

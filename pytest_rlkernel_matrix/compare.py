@@ -45,13 +45,20 @@ def _delta(old: Any, new: Any) -> dict[str, Any]:
     return {"old": old, "new": new, "delta": None if a is None or b is None else b - a}
 
 
-def time_comparability(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Why the two cells' times cannot be compared (empty: they can)."""
+def time_comparability(old: Mapping[str, Any], new: Mapping[str, Any],
+                       accept_build_change: bool = False) -> list[str]:
+    """Why the two cells' times cannot be compared (empty: they can).
+
+    `accept_build_change`: a CI regression gate compares a new build against the old one on the
+    same hardware on purpose; then only the hardware fingerprint must match.
+    """
     why: list[str] = []
     for side, cell in (("old", old), ("new", new)):
         if cell.get("performance_usable") is not True:
             why.append(f"{side} cell is not performance_usable")
-    for name in ("hardware_fingerprint", "build_fingerprint"):
+    names = ("hardware_fingerprint",) if accept_build_change else (
+        "hardware_fingerprint", "build_fingerprint")
+    for name in names:
         a, b = old.get(name), new.get(name)
         if not a or not b:
             why.append(f"{name.replace('_', ' ')} missing ({'old' if not a else 'new'})")
@@ -60,8 +67,9 @@ def time_comparability(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[s
     return why
 
 
-def _cell_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    why = time_comparability(old, new)
+def _cell_change(old: Mapping[str, Any], new: Mapping[str, Any],
+                 accept_build_change: bool = False) -> dict[str, Any]:
+    why = time_comparability(old, new, accept_build_change)
     times: dict[str, Any] = {"comparable": not why, "reasons": why}
     for name in TIMES:
         a, b = _num(old.get(name)), _num(new.get(name))
@@ -127,13 +135,18 @@ def compare_reports(
     *,
     old_name: str = "old",
     new_name: str = "new",
+    accept_build_change: bool = False,
 ) -> dict[str, Any]:
     """The comparison (JSON-able): per-cell changes, one-sided cells and threshold violations."""
     t = thresholds or Thresholds()
     a, b = _index(old, "old"), _index(new, "new")
     common = sorted((k for k in a if k in b), key=lambda k: (k[0], _order(a[k])))
-    changes = [_cell_change(a[k], b[k]) for k in common]
+    changes = [_cell_change(a[k], b[k], accept_build_change) for k in common]
     violations = [v for c in changes for v in _violations(c, t)]
+    if t.fail_on_verdict_change:
+        violations += [{"cell": " ".join(k), "check": "verdict",
+                        "message": f"{' '.join(k)}: in old, missing from new"}
+                       for k in a if k not in b]
     skipped = sum(1 for c in changes if not c["times"]["comparable"])
     return {
         "schema_version": COMPARE_SCHEMA,

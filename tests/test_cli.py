@@ -208,3 +208,22 @@ def test_compare_one_sided_cells_and_bad_input(tmp_path: Path,
     assert "only in old: cpu logp R/R, cpu logp P/R, cpu logp R/P, cpu logp P/P" in proc.stdout
     proc = rlk("compare", CPU, tmp_path / "missing.json")
     assert proc.returncode == 2 and "unreadable report" in proc.stderr
+
+
+def test_compare_accepts_a_build_change_on_request(tmp_path: Path) -> None:
+    """A CI gate compares a new build on the same hardware on purpose."""
+    old = json.loads((EXAMPLES / "cpu" / "matrix-report.json").read_text())
+    new = json.loads(json.dumps(old))
+    for cell in new["cells"]:
+        cell["build_fingerprint"] = "0" * 16
+        if cell["step_wall_time"]:
+            cell["step_wall_time"] *= 3
+    a, b = tmp_path / "old.json", tmp_path / "new.json"
+    a.write_text(json.dumps(old))
+    b.write_text(json.dumps(new))
+    base = [sys.executable, "-m", "pytest_rlkernel_matrix.cli", "compare", str(a), str(b),
+            "--max-time-increase-pct", "50"]
+    refused = subprocess.run(base, capture_output=True, text=True)
+    assert refused.returncode == 0 and "build fingerprint differs" in refused.stdout
+    gated = subprocess.run([*base, "--accept-build-change"], capture_output=True, text=True)
+    assert gated.returncode == 1 and "VIOLATION" in gated.stdout
