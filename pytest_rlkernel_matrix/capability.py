@@ -10,7 +10,7 @@ reasons a strict cell fails before its job starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 __all__ = [
@@ -434,3 +434,26 @@ def requested_r_blockers(
             found.append((cls, f"{module} R backend ({entry.get('name')}): "
                                f"{entry.get('reason')}"))
     return found
+
+
+def runner_capabilities(preflight: Mapping[str, Any], profile_backend: str,
+                        command: str | Sequence[str], r_provider: str = "auto") -> dict[str, Any]:
+    """The capability report for a matrix runner (`[runner] command` and `r_provider`).
+
+    `external`: the command brings R kernels preflight cannot check, so they are `untested`
+    (strict mode then relies on the run's own evidence instead of failing before launch).
+    """
+    text = command if isinstance(command, str) else " ".join(command)
+    provider = r_provider_for_command(text) if r_provider == "auto" else r_provider
+    report = capability_report(preflight, profile_backend,
+                               r_provider="rl_engine" if provider == "external" else provider)
+    if provider == "external":
+        for key, entry in report["capabilities"].items():
+            if key.startswith("r_backend."):
+                entry.update(status="untested", reason="[runner] r_provider = external: the "
+                             "command's own R kernels; preflight cannot check them")
+                entry.pop("unsupported_class", None)
+        report["r_provider"] = "external"
+        report["summary"] = {st: sum(1 for e in report["capabilities"].values()
+                                     if e["status"] == st) for st in STATUSES}
+    return report

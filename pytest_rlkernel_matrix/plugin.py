@@ -107,23 +107,12 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
                                 tokenizer=where(section.tokenizer), timeout=section.timeout,
                                 raw_dir=raw_dir)
     detected = pf.detect_hardware(data, matrix.hardware)
-    from pytest_rlkernel_matrix.capability import capability_report, r_provider_for_command
+    from pytest_rlkernel_matrix.capability import runner_capabilities
 
-    runner = matrix.runner
-    command = runner.command if isinstance(runner.command, str) else " ".join(runner.command)
-    provider = r_provider_for_command(command) if runner.r_provider == "auto" else runner.r_provider
-    backend = matrix.hardware[names[0] if names else detected].backend if (
-        names or detected) else data.get("gpu", {}).get("backend", "cpu")
-    caps = capability_report(data, backend,
-                             r_provider="rl_engine" if provider == "external" else provider)
-    if provider == "external":
-        for key, entry in caps["capabilities"].items():
-            if key.startswith("r_backend."):
-                entry.update(status="untested", reason="[runner] r_provider = external: the "
-                             "command's own R kernels; preflight cannot check them")
-                entry.pop("unsupported_class", None)
-        caps["r_provider"] = "external"
-    data["capabilities"] = caps
+    profile = names[0] if names else detected
+    backend = matrix.hardware[profile].backend if profile else data.get("gpu", {}).get("backend")
+    data["capabilities"] = runner_capabilities(data, backend or "cpu", matrix.runner.command,
+                                               matrix.runner.r_provider)
     gpu = data.get("gpu", {})
     seen = f"backend {gpu.get('backend', '?')}, GPUs: {', '.join(gpu.get('names') or []) or 'none'}"
     if not names:

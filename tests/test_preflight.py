@@ -549,3 +549,21 @@ def test_probe_reports_rl_engine_extension_and_megatron_source(tmp_path: Path) -
     assert "undefined symbol" in rl["ext_error"]
     assert rl["ext_sha256"] == hashlib.sha256(ext.read_bytes()).hexdigest()
     assert pf.fingerprint(broken)[1] != pf.fingerprint(result)[1]
+
+
+def test_real_h200_preflight_recorded_through_the_device_tool() -> None:
+    """tests/data/preflight/h200-device: `rlk-matrix preflight` on one lent H200 (2026-11-29)."""
+    from pytest_rlkernel_matrix.matrix import load_matrix
+
+    folder = Path(__file__).parent / "data" / "preflight" / "h200-device"
+    data = json.loads((folder / "preflight.json").read_text())
+    assert data["gpu"]["backend"] == "cuda" and data["gpu"]["names"] == ["NVIDIA H200"]
+    assert data["probe"]["torch"]["version"].startswith("2.11.0")
+    matrix = load_matrix(Path(__file__).parents[1] / "matrix.toml")
+    assert pf.detect_hardware(data, matrix.hardware) == "h200"
+    hw, build = pf.fingerprint(data)
+    assert (hw, build) == pf.fingerprint(json.loads(json.dumps(data)))  # stable
+    gpus = pf.parse_nvidia_smi_L((folder / "nvidia-smi-L.txt").read_text())
+    assert [g["name"] for g in gpus] == ["NVIDIA H200"]
+    topo = pf.parse_topo((folder / "nvidia-smi-topo.txt").read_text())
+    assert topo["gpus"] == ["GPU0"] or topo.get("devices")
