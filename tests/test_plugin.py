@@ -426,3 +426,21 @@ def test_strict_fails_fast_when_preflight_finds_no_r_backend(
                                "-k", "R/R")
     assert audit.ret == 0
     assert _cell(_report(tmp_path / "audit"), "attention", "R/R")["verdict"] == "valid"
+
+
+@pytest.mark.parametrize(("scenario", "verdict", "failed", "note"), [
+    ("unsupported", "unsupported", False, "expected unsupported: no ROCm build yet"),
+    ("clean", "valid", False, "declared expected unsupported, but the cell is valid"),
+])
+def test_expected_gaps_work_like_xfail(pytester: pytest.Pytester, make_matrix, tmp_path: Path,
+                                       scenario: str, verdict: str, failed: bool,
+                                       note: str) -> None:
+    make_matrix(env={"FAKE_SCENARIO": scenario}, modules='["attention"]', hardware=(
+        '[hardware.cpu]\nbackend = "cpu"\n[[hardware.cpu.expect_unsupported]]\n'
+        'module = "attention"\ncase = "R/R"\nreason = "no ROCm build yet"\n'))
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "--rlk-mode=strict", "-k", "R/R")
+    cell = _cell(_report(root), "attention", "R/R")
+    assert cell["verdict"] == verdict and cell["failed"] is failed
+    assert cell["expected_gap"] == note
+    assert result.ret == 0
