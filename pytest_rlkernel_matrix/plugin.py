@@ -153,6 +153,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except MatrixFileError as exc:
         raise pytest.UsageError(str(exc)) from None
     plan = bool(config.getoption("rlk_plan"))
+    # --collect-only and --rlk-plan run nothing, so they write nothing either.
+    dry = plan or bool(config.getoption("collectonly"))
     mode = config.getoption("rlk_mode") or matrix.matrix.mode
     layout = config.getoption("rlk_layout") or matrix.matrix.layout
     worker = getattr(config, "workerinput", None)
@@ -167,24 +169,24 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         root = default_root(path, config.getoption("rlk_matrix_root"), os.environ)
         for name in (PREFLIGHT_FILE, "matrix-report.json", "matrix-report.html"):
-            if not plan and (root / name).exists():
+            if not dry and (root / name).exists():
                 raise pytest.UsageError(
                     f"matrix root {root} already holds {name} from another session: "
                     "artifacts are never overwritten; pass a new --rlk-matrix-root or "
                     "MATRIX_STAMP"
                 )
-        raw_dir = None if plan else root / "preflight-raw"
+        raw_dir = None if dry else root / "preflight-raw"
         if raw_dir is not None:
             raw_dir.mkdir(parents=True, exist_ok=True)
         hardware, data = _hardware(config, matrix, path, plan, raw_dir)
         session = MatrixSession(matrix=matrix, matrix_path=path, root=root, hardware=hardware,
-                                mode=mode, layout=layout, plan=plan, preflight=data)
+                                mode=mode, layout=layout, plan=plan, preflight=data, dry=dry)
         if data:
             from pytest_rlkernel_matrix import preflight as pf
 
             hw_fp, build_fp = pf.fingerprint(data)
             session.fingerprints = {"hardware_fingerprint": hw_fp, "build_fingerprint": build_fp}
-        if not plan:
+        if not dry:
             write_json_atomic(root / PREFLIGHT_FILE, data)
     config.stash[SESSION_KEY] = session
     if worker is None:
@@ -309,9 +311,9 @@ class MatrixHooks:
         ms = self.session
         if self.is_worker:
             return
-        if ms.plan:
-            if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-                session.exitstatus = pytest.ExitCode.OK
+        if ms.plan and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            session.exitstatus = pytest.ExitCode.OK
+        if ms.dry:
             return
         ms.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
         ms.write_report()

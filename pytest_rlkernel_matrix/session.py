@@ -86,6 +86,7 @@ class MatrixSession:
     layout: str
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     plan: bool = False
+    dry: bool = False
     preflight: dict[str, Any] = field(default_factory=dict)
     fingerprints: dict[str, str] = field(default_factory=dict)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))

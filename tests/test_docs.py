@@ -62,7 +62,7 @@ def rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
 
-# -- (a) options ----------------------------------------------------------------------------------
+# -- (a) options --
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_every_option_is_documented(registered_options: set[str]) -> None:
         assert not missing, f"docs/{lang} never mentions {missing}"
 
 
-# -- (b) matrix.toml keys ---------------------------------------------------------------------------
+# -- (b) matrix.toml keys --
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
@@ -193,7 +193,7 @@ def test_section_key_mentions_exist() -> None:
     assert not bad, bad
 
 
-# -- (c) rlk-matrix subcommands ---------------------------------------------------------------------
+# -- (c) rlk-matrix subcommands --
 
 
 def test_rlk_matrix_subcommands_exist() -> None:
@@ -217,7 +217,7 @@ def test_compare_flags_named_in_docs_exist() -> None:
             assert flag in flags, f"{rel(path)}: {flag} is not a flag of rlk-matrix compare"
 
 
-# -- (d) en / zh structure --------------------------------------------------------------------------
+# -- (d) en / zh structure --
 
 
 def heading_levels(body: str) -> dict[int, int]:
@@ -256,7 +256,7 @@ def test_relative_links_resolve() -> None:
     assert not bad, bad
 
 
-# -- (f) no absolute developer paths ----------------------------------------------------------------
+# -- (f) no absolute developer paths --
 
 FORBIDDEN_PATH = re.compile(r"(?<![\w.$<>-])/(?:work|root|home|tmp|Users|data|mnt)/|"
                             r"(?<![\w.$<>-])/opt/(?!rocm\b)")
@@ -280,7 +280,7 @@ def test_forbidden_path_rule_itself() -> None:
     assert not FORBIDDEN_PATH.search('"$MATRIX_ROOT"/h100/attention-rr')
 
 
-# -- (e) the CPU quickstart runs --------------------------------------------------------------------
+# -- (e) the CPU quickstart runs --
 
 
 def quickstart_lines() -> list[str]:

@@ -52,6 +52,7 @@ def test_plugin_import_is_light() -> None:
 def test_pairwise_collects_one_item_per_cell(pytester: pytest.Pytester, make_matrix) -> None:
     make_matrix()
     result = pytester.runpytest("--collect-only", "-q", "--rlk-hardware=cpu")
+    assert not (pytester.path / "outputs").exists()  # collecting writes nothing
     lines = [ln for ln in result.outlines if ln.startswith("matrix.toml::")]
     assert len(lines) == 12
     assert "matrix.toml::cpu::attention[P/R]" in lines
