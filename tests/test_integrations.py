@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import outcomes as _outcomes
 
 pytest.importorskip("pytest_html")
 pytest.importorskip("pytest_jsonreport")
@@ -16,12 +17,6 @@ pytest.importorskip("pytest_jsonreport")
 FALLBACK = {"FAKE_SCENARIO": "recorded_fallback", "FAKE_ONLY_WHEN": "A-PR_F-RR_L-RR"}
 PLAIN_TEST = "def test_plain():\n    assert True\n"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _outcomes(result: pytest.RunResult) -> dict[str, int]:
-    out = result.parseoutcomes()
-    out.pop("deselected", None)
-    return out
 
 
 def _rows(text: str) -> list[list[str]]:

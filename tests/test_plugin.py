@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import outcomes as _outcomes
 
 REQUIRED_FIELDS = (
     "requested_case", "actual_training_implementation", "actual_rollout_implementation",
@@ -20,16 +21,6 @@ REQUIRED_FIELDS = (
     "peak_memory", "hardware", "module", "case", "cases", "verdict", "reasons", "run_id",
     "artifact_dir", "validity",
 )
-
-
-def _outcomes(result: pytest.RunResult) -> dict[str, int]:
-    """Summary-line counts; pytest spells its own 'error' category 'errors'."""
-    out = result.parseoutcomes()
-    out.pop("deselected", None)
-    out.pop("warnings", None)
-    if "errors" in out:
-        out["error"] = out.pop("errors")
-    return out
 
 
 def _report(root: Path) -> dict:
