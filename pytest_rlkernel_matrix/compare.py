@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_rlkernel_matrix.merge import CellKey, cell_key
-from pytest_rlkernel_matrix.report import _order
+from pytest_rlkernel_matrix.report import cell_order
 
 COMPARE_SCHEMA = "rlk-matrix.compare.v1"
 TIMES = ("step_wall_time", "rollout_wall_time", "training_wall_time")
@@ -140,7 +140,7 @@ def compare_reports(
     """The comparison (JSON-able): per-cell changes, one-sided cells and threshold violations."""
     t = thresholds or Thresholds()
     a, b = _index(old, "old"), _index(new, "new")
-    common = sorted((k for k in a if k in b), key=lambda k: (k[0], _order(a[k])))
+    common = sorted((k for k in a if k in b), key=lambda k: (k[0], cell_order(a[k])))
     changes = [_cell_change(a[k], b[k], accept_build_change) for k in common]
     violations = [v for c in changes for v in _violations(c, t)]
     if t.fail_on_verdict_change:

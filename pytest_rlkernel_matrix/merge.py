@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.report import REPORT_SCHEMA, _order, summarize
+from pytest_rlkernel_matrix.report import REPORT_SCHEMA, cell_order, summarize
 
 COMPARABILITY_NOTE = (
     "side by side only: each hardware's verdicts, |dlogp| and phase times are shown as measured "
@@ -136,7 +136,7 @@ def merge_reports(
     matrices = [r.get("matrix") or {} for _, r in reports]
     hw_fps = [s["hardware_fingerprint"] for s in sources]
     build_fps = [s["build_fingerprint"] for s in sources]
-    cells.sort(key=lambda c: (c["source"], c["hardware"], _order(c)))
+    cells.sort(key=lambda c: (c["source"], c["hardware"], cell_order(c)))
     return {
         "schema_version": REPORT_SCHEMA,
         "created": created or datetime.now(UTC).isoformat(timespec="seconds"),
@@ -199,7 +199,7 @@ def merged_table(report: Mapping[str, Any]) -> list[str]:
     for c in report["cells"]:
         row = (str(c["module"]), str(c["case"]))
         by.setdefault(row, {})[groups[(int(c.get("source", 0)), str(c["hardware"]))]] = c
-        order.setdefault(row, _order(c))
+        order.setdefault(row, cell_order(c))
     labels = list(dict.fromkeys(groups.values()))
     head = ["module", "case"]
     for label in labels:

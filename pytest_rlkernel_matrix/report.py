@@ -225,7 +225,7 @@ def build_report(
     expected_cells: int,
     interrupted: bool,
 ) -> dict[str, Any]:
-    ordered = sorted(records, key=lambda r: (r["hardware"], _order(r)))
+    ordered = sorted(records, key=lambda r: (r["hardware"], cell_order(r)))
     return {
         "schema_version": REPORT_SCHEMA,
         "created": created,
@@ -241,7 +241,8 @@ def build_report(
     }
 
 
-def _order(record: Mapping[str, Any]) -> tuple[int, str, int]:
+def cell_order(record: Mapping[str, Any]) -> tuple[int, str, int]:
+    """Sort key within one hardware: modules in matrix order, then R/R, P/R, R/P, P/P."""
     module_rank = MODULES.index(record["module"]) if record["module"] in MODULES else 9
     case_rank = ("R/R", "P/R", "R/P", "P/P").index(record["case"]) if record["case"] in (
         "R/R", "P/R", "R/P", "P/P") else 9
@@ -261,7 +262,7 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
             "max|dlogp|", "mismatch", "rollout", "train", "sync", "step", "verdict")
     rows = [head]
-    for r in sorted(records, key=lambda r: (r["hardware"], _order(r))):
+    for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
         rows.append((
             str(r["hardware"]), str(r["module"]), str(r["case"]),
             str(r.get("actual_training_implementation") or "-"),

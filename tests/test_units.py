@@ -109,3 +109,22 @@ def test_case_env_redacts_secrets(tmp_path: Path) -> None:
                            "bash run.sh", tmp_path)
     assert "s3cret" not in text and "pw'" not in text
     assert "export RL_KERNEL_MODE=strict" in text and "export HF_TOKEN='<redacted>'" in text
+
+
+def test_sidecar_tp_duplicates_count_once_and_cp_masks_are_sliced() -> None:
+    import torch
+
+    from pytest_rlkernel_matrix.evidence import _samples_from_sidecar
+
+    lp = [torch.tensor([-1.0, -2.0, -3.0, -4.0])]
+    full_mask = [torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])]  # 8 response tokens
+    base = {"train_log_probs": lp, "rollout_log_probs": lp, "tensor_parallel_size": 2,
+            "context_parallel_size": 2, "total_lengths": [8], "response_lengths": [8]}
+    problems: list[str] = []
+    assert _samples_from_sidecar({**base, "rank": 1, "loss_masks": full_mask}, "r1", problems) == []
+    # rank 2 = TP rank 0 of CP rank 1: zigzag chunks 1 and 2 of 4 -> positions 2..5
+    (sample,) = _samples_from_sidecar({**base, "rank": 2, "loss_masks": full_mask}, "r2", problems)
+    assert sample.mask.tolist() == [1.0, 1.0, 1.0, 1.0] and not problems
+    # rank 0 = CP rank 0: chunks 0 and 3 -> positions 0, 1, 6, 7
+    (sample,) = _samples_from_sidecar({**base, "rank": 0, "loss_masks": full_mask}, "r0", problems)
+    assert sample.mask.tolist() == [0.0, 1.0, 1.0, 0.0]
