@@ -284,7 +284,9 @@ class MatrixSession:
             "modules": list(self.matrix.matrix.modules), "cases": list(self.matrix.matrix.cases),
             "fixed_case": self.matrix.matrix.fixed_case,
         }
-        pre = {"file": PREFLIGHT_FILE, **self.fingerprints}
+        pre: dict[str, Any] = {"file": PREFLIGHT_FILE, **self.fingerprints}
+        if self.preflight.get("capabilities"):
+            pre["capabilities"] = self.preflight["capabilities"]
         report = build_report(
             list(self.records.values()), matrix=matrix, matrix_root=self.root, preflight=pre,
             created=self.created, expected_cells=self.expected_cells,

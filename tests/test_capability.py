@@ -244,3 +244,14 @@ def test_r_provider_for_command() -> None:
     assert r_provider_for_command(
         '"$PYTHON_BIN" -m pytest_rlkernel_matrix.workload --preset tiny') == "workload"
     assert r_provider_for_command('bash "$VIME_ROOT/scripts/run.sh"') == "rl_engine"
+
+
+def test_real_h200_preflight_with_capabilities() -> None:
+    """`rlk-matrix preflight --r-provider workload` on one lent H200 (2026-11-29), as recorded."""
+    path = Path(__file__).parent / "data" / "capability" / "h200-preflight-capabilities.json"
+    caps = json.loads(path.read_text())["capabilities"]["capabilities"]
+    assert caps["graph"]["status"] == "verified" and caps["ipc"]["status"] == "verified"
+    assert caps["peer_access"]["status"] == "untested"  # one GPU
+    assert caps["collectives"]["name"] == "NCCL"
+    assert {caps[f"r_backend.{m}"]["status"] for m in ("attention", "ffn", "logp")} == {"verified"}
+    assert caps["rl_engine.extension"]["status"] == "unavailable"

@@ -436,3 +436,13 @@ def test_expected_gaps_work_like_xfail(pytester: pytest.Pytester, make_matrix, t
     assert cell["verdict"] == verdict and cell["failed"] is failed
     assert cell["expected_gap"] == note
     assert result.ret == 0
+
+
+def test_report_carries_the_capability_report(pytester: pytest.Pytester, make_matrix,
+                                              tmp_path: Path) -> None:
+    make_matrix(modules='["attention"]')
+    root = tmp_path / "root"
+    pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "R/R")
+    caps = _report(root)["preflight"]["capabilities"]
+    assert caps["r_provider"] == "external"
+    assert set(caps["summary"]) == {"verified", "unavailable", "untested"}
