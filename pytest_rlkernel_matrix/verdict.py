@@ -23,7 +23,6 @@ from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
 from pytest_rlkernel_matrix.terms import MODULES
 
-NOT_RUN = "not_run"
 IMPLEMENTATION = {"P": "production", "R": "rl_kernel"}
 UNSUPPORTED_CLASSES = (
     "platform_unsupported", "build_failure", "shape_unsupported",
@@ -74,10 +73,6 @@ class Decision:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def expected_implementation(letter: str) -> str:
-    return IMPLEMENTATION[letter]
 
 
 def _classify_capability(entry: Mapping[str, Any]) -> tuple[str, str]:
@@ -320,11 +315,9 @@ def decide(
     elif unsupported:
         verdict, unsupported_class = "unsupported", unsupported[0][0]
         reasons = [f"{cls}: {why}" for cls, why in unsupported] + run_errors
-    elif blockers and fallbacks:
-        verdict = "fallback"
-        reasons = fallbacks + [f"preflight: {cls}: {why}" for cls, why in blockers]
     elif fallbacks:
-        verdict, reasons = "fallback", fallbacks + run_errors
+        verdict = "fallback"
+        reasons = fallbacks + run_errors + [f"preflight: {c}: {w}" for c, w in blockers]
     elif evidence_errors:
         verdict, reasons = "error", evidence_errors
     elif semantic.valid is False:
