@@ -51,7 +51,7 @@ def hf_config(seed: int = DEFAULT_SEED) -> dict:
 
 
 def build_tokenizer(vocab_size: int) -> object:
-    """A word-level tokenizer over ``<bos>``, ``<eos>`` and ``t2``..``t{V-1}`` (whitespace split)."""
+    """Word-level tokenizer: ``<bos>``, ``<eos>``, ``t2``..``t{V-1}`` (whitespace split)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"<bos>": 0, "<eos>": 1, **{f"t{i}": i for i in range(2, vocab_size)}}
