@@ -111,7 +111,8 @@ def _trainer(checkpoint: Path, impls: dict[str, str]) -> tuple[object, object, d
 
 
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed (the [engines] extra)")
-def test_megatron_hooks_count_calls_and_r_matches_the_builtin_r_path(checkpoint: Path) -> None:
+def test_megatron_hooks_count_calls_and_r_matches_the_builtin_r_path(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_rlkernel_matrix.workload.job import (
         Env,
         Rollout,
@@ -146,7 +147,7 @@ def test_megatron_hooks_count_calls_and_r_matches_the_builtin_r_path(checkpoint:
     assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(lp, ref, strict=True))  # P FFN drifts
 
-    os.environ.setdefault("RL_KERNEL_ARTIFACT_DIR", str(checkpoint.parent / "art"))
+    monkeypatch.setenv("RL_KERNEL_ARTIFACT_DIR", str(checkpoint.parent / "art"))
     env = Env.from_environ()
     env.cases.update(attention="R/R", ffn="P/P", logp="R/R")
     rb = readback(env, resolve_route(env, "training", None, "cpu"), k, "cpu")

@@ -70,6 +70,7 @@ def _model_class() -> type:
                 Tiling.for_device(torch.device("cpu"), self.key_span), cfg.rms_norm_eps)
             self._kv: dict[int, tuple[Tensor, Tensor]] = {}
             self._lw: dict[int, LayerWeights] = {}
+            self._w: dict[str, Tensor] = {}
             for layer in self.model.layers:
                 if self.impls["attention"] != "rl_kernel":
                     layer.self_attn.register_forward_pre_hook(self._counter("attention"))
@@ -86,40 +87,49 @@ def _model_class() -> type:
         def all_production(self) -> bool:
             return all(v != "rl_kernel" for v in self.impls.values())
 
-        # -- weights in HF layout (views of vLLM's loaded parameters) ------------------------
-        def layer_weights(self, i: int) -> LayerWeights:
-            if i not in self._lw:
-                layer, cfg, d = self.model.layers[i], self.config, self.head_dim
-                hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-                at, mlp = layer.self_attn, layer.mlp
+        # -- weights in HF layout, captured right after vLLM's loader filled the modules ----
+        def load_weights(self, weights: Any) -> set[str]:
+            """vLLM's own loader, then a copy of the loaded tensors under HF names.
+
+            vLLM's CPU backend prepacks linear weights for its GEMM after loading and drops
+            ``.weight``; the R kernels and the weight audit use this copy of what was loaded.
+            """
+            loaded = super().load_weights(weights)
+            cfg, d = self.config, self.head_dim
+            hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+            w = {"model.embed_tokens.weight": self.model.embed_tokens.weight,
+                 "model.norm.weight": self.model.norm.weight,
+                 "lm_head.weight": self.lm_head.weight}
+            for i, layer in enumerate(self.model.layers):
+                at, mlp, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
                 q, k, v = at.qkv_proj.weight.split([hq * d, hkv * d, hkv * d])
                 gate, up = mlp.gate_up_proj.weight.chunk(2)
-                self._lw[i] = LayerWeights(
-                    i, layer.input_layernorm.weight, q, k, v, at.o_proj.weight, at.q_norm.weight,
-                    at.k_norm.weight, layer.post_attention_layernorm.weight, gate, up,
-                    mlp.down_proj.weight)
+                w.update({
+                    p + "input_layernorm.weight": layer.input_layernorm.weight,
+                    p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+                    p + "self_attn.v_proj.weight": v,
+                    p + "self_attn.o_proj.weight": at.o_proj.weight,
+                    p + "self_attn.q_norm.weight": at.q_norm.weight,
+                    p + "self_attn.k_norm.weight": at.k_norm.weight,
+                    p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+                    p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                    p + "mlp.down_proj.weight": mlp.down_proj.weight})
+            self._w = {n: t.detach().clone().contiguous() for n, t in w.items()}
+            return loaded
+
+        def layer_weights(self, i: int) -> LayerWeights:
+            if i not in self._lw:
+                w, p = self._w, f"model.layers.{i}."
+                self._lw[i] = LayerWeights(i, *(w[p + n + ".weight"] for n in (
+                    "input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                    "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
+                    "self_attn.k_norm", "post_attention_layernorm", "mlp.gate_proj",
+                    "mlp.up_proj", "mlp.down_proj")))
             return self._lw[i]
 
         def hf_weights(self) -> dict[str, Tensor]:
             """The engine's loaded weights under HF names (rollout-side weight audit)."""
-            out = {"model.embed_tokens.weight": self.model.embed_tokens.weight,
-                   "model.norm.weight": self.model.norm.weight,
-                   "lm_head.weight": self.lm_head.weight}
-            for i in range(len(self.model.layers)):
-                lw, p = self.layer_weights(i), f"model.layers.{i}."
-                out.update({
-                    p + "input_layernorm.weight": lw.input_norm,
-                    p + "self_attn.q_proj.weight": lw.q_proj,
-                    p + "self_attn.k_proj.weight": lw.k_proj,
-                    p + "self_attn.v_proj.weight": lw.v_proj,
-                    p + "self_attn.o_proj.weight": lw.o_proj,
-                    p + "self_attn.q_norm.weight": lw.q_norm,
-                    p + "self_attn.k_norm.weight": lw.k_norm,
-                    p + "post_attention_layernorm.weight": lw.post_norm,
-                    p + "mlp.gate_proj.weight": lw.gate_proj,
-                    p + "mlp.up_proj.weight": lw.up_proj,
-                    p + "mlp.down_proj.weight": lw.down_proj})
-            return {k: v.detach() for k, v in out.items()}
+            return dict(self._w)
 
         # -- forward ---------------------------------------------------------------------
         def forward(self, input_ids: Tensor | None, positions: Tensor,
@@ -145,8 +155,8 @@ def _model_class() -> type:
 
         def compute_logits(self, hidden_states: Tensor) -> Tensor | None:
             if self.impls["logp"] == "rl_kernel":
-                return self.kernels.logp.full(hidden_states, self.model.norm.weight,
-                                              self.lm_head.weight, 1.0)
+                return self.kernels.logp.full(hidden_states, self._w["model.norm.weight"],
+                                              self._w["lm_head.weight"], 1.0)
             self.kernels.logp.call_count += 1
             return super().compute_logits(hidden_states)
 
