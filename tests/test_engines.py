@@ -177,4 +177,17 @@ def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
     assert rr["verdict"] == "valid" and rr["contract"] == {"kind": "bitwise"}
     assert rr["mismatch_count"] == 0 and rr["active_token_count"] > 0
     assert pp["verdict"] == "valid" and pp["mismatch_count"] > 0
-    assert report["preflight"]["checkpoint"]["exists"] is True
+    assert json.loads((root / "preflight.json").read_text())["checkpoint"]["exists"] is True
+    for cell in (rr, pp):  # readbacks written from inside both engines, counted by the hooks
+        for m in MODULES:
+            for side in ("training", "rollout"):
+                assert cell["routes"][m][side]["call_count"] > 0, (cell["case"], m, side)
+        audit = cell["weight_versions"]["v0"]  # hashed from what each engine loaded
+        assert audit["megatron-training"] == audit["vllm-rollout"]
+    assert rr["routes"]["attention"]["rollout"]["backend_ids"] == [
+        "rlkernel.attention.deterministic.v1"]
+    assert pp["routes"]["attention"]["rollout"]["backend_ids"] == ["vllm.production.attention"]
+    assert pp["routes"]["attention"]["training"]["backend_ids"] == [
+        "megatron.production.attention"]
+    assert any("attention" in a["conclusion"] and "drift" in a["conclusion"]
+               for a in report["attribution"])
