@@ -4,6 +4,7 @@ feature itself is tested against a real Slurm in `test_slurm.py`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,73 @@ def test_cells_on_differing_nodes_are_flagged_and_timings_refused() -> None:
     assert any("different hardware/build fingerprints" in r for r in entry["refused"])
     same = [_rec(c, "h1", "n1") for c in ("R/R", "P/R", "R/P", "P/P")]
     assert node_fingerprint_groups(same)["flags"] == []
+
+
+class _RequeueOnce:
+    """A launcher whose first job reports NODE_FAIL (nothing run) and whose second runs the
+    command for real through the local launcher: the session's requeue bookkeeping under test."""
+
+    name = "fake-slurm"
+
+    def __init__(self) -> None:
+        from pytest_rlkernel_matrix.launchers.local import LocalLauncher
+
+        self.local = LocalLauncher()
+        self.jobs: list[Path] = []
+
+    def start(self, job: CellJob) -> None:
+        return None
+
+    def wait(self, job: CellJob) -> object:
+        from pytest_rlkernel_matrix.launchers.base import Outcome
+        from pytest_rlkernel_matrix.runner import RunResult
+
+        self.jobs.append(job.run_dir)
+        fps = {"hardware_fingerprint": "hw1", "build_fingerprint": "b1"}
+        if job.attempt == 1:
+            (job.run_dir / "exit-code").write_text("\n")
+            result = RunResult(command=job.command, exit_code=None, timed_out=False,
+                               interrupted=False, wall_time=0.0, started="t0", finished="t1",
+                               launch_error="NODE_FAIL: Slurm job 1 on n1 lost its node")
+            return Outcome(result=result, fingerprints=fps,
+                           scheduler={"job_id": "1", "state": "NODE_FAIL", "nodes": "n1"})
+        out = self.local.wait(job)
+        out.scheduler = {"job_id": "2", "state": "COMPLETED", "nodes": "n2"}
+        out.fingerprints = fps
+        return out
+
+    def cancel_all(self, why: str) -> list[str]:
+        return []
+
+    def render(self, job: CellJob) -> str:
+        return ""
+
+    def retryable(self, outcome: object) -> bool:
+        return (getattr(outcome, "scheduler", None) or {}).get("state") == "NODE_FAIL"
+
+
+def test_requeue_runs_once_more_into_a_fresh_directory(tmp_path: Path) -> None:
+    from conftest import matrix_toml
+    from pytest_rlkernel_matrix.cells import expand
+    from pytest_rlkernel_matrix.session import MatrixSession
+
+    path = tmp_path / "matrix.toml"
+    path.write_text(matrix_toml(modules='["attention", "ffn"]'))
+    m = load_matrix(path)
+    cells = [c for c in expand(m.matrix, ["cpu"], "pairwise", "audit") if c.case == "R/R"]
+    ms = MatrixSession(matrix=m, matrix_path=path, root=tmp_path / "root", hardware=["cpu"],
+                       mode="audit", layout="pairwise")
+    ms.set_selected(cells)
+    fake = _RequeueOnce()
+    ms._launcher = fake  # type: ignore[assignment]
+    first = ms.run_cell(cells[0], mode="audit")
+    shared = ms.run_cell(cells[1], mode="audit")  # same run key: reuses the second attempt
+    run_dir = ms.root / "cpu" / "attention-rr"
+    assert fake.jobs == [run_dir, run_dir.with_name("attention-rr.attempt2")]
+    assert first["verdict"] == "valid" and first["artifact_dir"] == "cpu/attention-rr.attempt2"
+    assert first["scheduler"]["previous_attempts"][0]["state"] == "NODE_FAIL"
+    assert first["scheduler"]["previous_attempts"][0]["artifact_dir"] == "cpu/attention-rr"
+    meta = json.loads((run_dir / "cell-run.json").read_text())
+    assert meta["superseded_by"] == "cpu/attention-rr.attempt2"
+    assert meta["run"]["launch_error"].startswith("NODE_FAIL")  # the first attempt is kept
+    assert shared["artifact_dir"] == first["artifact_dir"] and shared["module"] == "ffn"
