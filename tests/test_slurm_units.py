@@ -5,6 +5,7 @@ feature itself is tested against a real Slurm in `test_slurm.py`."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,23 +244,25 @@ class _RequeueOnce:
 
 
 def test_requeue_runs_once_more_into_a_fresh_directory(tmp_path: Path) -> None:
-    from conftest import matrix_toml
     from pytest_rlkernel_matrix.cells import expand
     from pytest_rlkernel_matrix.session import MatrixSession
 
+    fake = Path(__file__).with_name("fake_framework.py")
     path = tmp_path / "matrix.toml"
-    path.write_text(matrix_toml(modules='["attention", "ffn"]'))
+    path.write_text(f'[matrix]\nmodules = ["attention", "ffn"]\n[runner]\n'
+                    f'command = ["{sys.executable}", "{fake}"]\nr_provider = "external"\n'
+                    '[hardware.cpu]\nbackend = "cpu"\n')
     m = load_matrix(path)
     cells = [c for c in expand(m.matrix, ["cpu"], "pairwise", "audit") if c.case == "R/R"]
     ms = MatrixSession(matrix=m, matrix_path=path, root=tmp_path / "root", hardware=["cpu"],
                        mode="audit", layout="pairwise")
     ms.set_selected(cells)
-    fake = _RequeueOnce()
-    ms._launcher = fake  # type: ignore[assignment]
+    launcher = _RequeueOnce()
+    ms._launcher = launcher  # type: ignore[assignment]
     first = ms.run_cell(cells[0], mode="audit")
     shared = ms.run_cell(cells[1], mode="audit")  # same run key: reuses the second attempt
     run_dir = ms.root / "cpu" / "attention-rr"
-    assert fake.jobs == [run_dir, run_dir.with_name("attention-rr.attempt2")]
+    assert launcher.jobs == [run_dir, run_dir.with_name("attention-rr.attempt2")]
     assert first["verdict"] == "valid" and first["artifact_dir"] == "cpu/attention-rr.attempt2"
     assert first["scheduler"]["previous_attempts"][0]["state"] == "NODE_FAIL"
     assert first["scheduler"]["previous_attempts"][0]["artifact_dir"] == "cpu/attention-rr"
