@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from pytest_rlkernel_matrix.launchers.base import CellJob, Outcome
-from pytest_rlkernel_matrix.runner import run_cell_command
+from pytest_rlkernel_matrix.runner import is_secret, run_cell_command
 
 
 class LocalLauncher:
@@ -29,8 +29,6 @@ class LocalLauncher:
         shown = job.command if isinstance(job.command, str) else shlex.join(job.command)
         lines = [f"cd {shlex.quote(str(job.cwd))} && env \\"]
         for key in sorted(job.recorded):
-            from pytest_rlkernel_matrix.runner import is_secret
-
             value = "<redacted>" if is_secret(key) else job.recorded[key]
             lines.append(f"  {key}={shlex.quote(value)} \\")
         lines.append(f"  bash -c {shlex.quote(shown)}" if isinstance(job.command, str)
