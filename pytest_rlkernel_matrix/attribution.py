@@ -65,6 +65,14 @@ def _drift_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> str:
 
 def _time_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str]]:
     refused: list[str] = []
+    prints = {(c.get("hardware_fingerprint"), c.get("build_fingerprint")) for c in cells.values()}
+    if len(prints) > 1:
+        # Cells run on different nodes (Slurm) with different hardware or builds: like a
+        # comparison across hardware, no timing ratio is drawn across them.
+        shown = ", ".join(f"{case}: {cells[case].get('hardware_fingerprint')}/"
+                          f"{cells[case].get('build_fingerprint')}" for case in CELLS)
+        refused.append(f"cells ran under different hardware/build fingerprints ({shown})")
+        return "no performance conclusion (cells ran on nodes that differ)", refused
     for case in CELLS:
         c = cells[case]
         if not c.get("performance_usable"):
