@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix import contamination
 from pytest_rlkernel_matrix.cells import Cell, canonical_cells
 from pytest_rlkernel_matrix.matrix import MatrixFile
 from pytest_rlkernel_matrix.report import (
@@ -43,6 +44,7 @@ from pytest_rlkernel_matrix.runner import (
     render_case_env,
     run_cell_command,
 )
+from pytest_rlkernel_matrix.stats import Policy
 
 RECORD_CACHE = "cell-record.json"
 PREFLIGHT_FILE = "preflight.json"
@@ -236,9 +238,12 @@ class MatrixSession:
             if report_progress is not None:
                 report_progress(cell, elapsed, line)
 
-        result = run_cell_command(command, cwd=cwd, env=env, timeout=self.matrix.runner.timeout,
-                                  artifact_dir=run_dir, progress=progress,
-                                  progress_every=self.progress_every)
+        with contamination.watch(root=self.root, run_dir=run_dir, run_id=self.run_id(cell),
+                                 backend=self.matrix.hardware[cell.hardware].backend, env=env,
+                                 policy=Policy(**self.matrix.performance.model_dump())):
+            result = run_cell_command(command, cwd=cwd, env=env,
+                                      timeout=self.matrix.runner.timeout, artifact_dir=run_dir,
+                                      progress=progress, progress_every=self.progress_every)
         record = self._finish(cell, mode, run_dir, result, recorded, blockers)
         if result.interrupted:
             raise KeyboardInterrupt
@@ -255,6 +260,7 @@ class MatrixSession:
             "run": result.as_dict(),
             "timeout": self.matrix.runner.timeout,
             "warmup": self.matrix.runner.warmup,
+            "performance_policy": self.matrix.performance.model_dump(),
             "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
             "fingerprints": self.fingerprints,
             "preflight_blockers": blockers,
