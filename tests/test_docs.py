@@ -163,6 +163,7 @@ SECTION_MODELS: dict[str, type[BaseModel]] = {
     "matrix": matrix.MatrixSection,
     "runner": matrix.RunnerSection,
     "preflight": matrix.PreflightSection,
+    "performance": matrix.PerformanceSection,
 }
 MENTION_RE = re.compile(r"`\[([a-z0-9_.<>-]+)\] ([a-z_]+)`")
 
