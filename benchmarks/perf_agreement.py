@@ -1,6 +1,6 @@
 """Run the default matrix several times and check that performance conclusions never contradict.
 
-    python benchmarks/perf_agreement.py [--runs 3] [--quick] [-- <extra pytest args>]
+    python benchmarks/perf_agreement.py [--runs 3] [--quick] [--threads N] [-- <pytest args>]
 
 Each run is a fresh `pytest` at the repo root (the default `matrix.toml`, its own matrix root).
 From each `matrix-report.json` it takes every attribution time ratio (`timing` entries: e.g.
@@ -52,14 +52,17 @@ def _loadavg() -> str:
         return "?"
 
 
-def run_once(i: int, matrix: Path, workdir: Path, extra: list[str]) -> dict[str, Any]:
+def run_once(i: int, matrix: Path, workdir: Path, extra: list[str],
+             threads: int | None) -> dict[str, Any]:
     root = workdir / f"run{i}"
     argv = [sys.executable, "-m", "pytest", f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}",
             "-p", "no:cacheprovider", "-q", *extra]
     load0 = _loadavg()
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False,
-                          env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, env=env)
     wall = time.monotonic() - t0
     report_path = root / "matrix-report.json"
     if not report_path.exists():
@@ -92,14 +95,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smaller workload per step")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for the cells (default: torch's choice)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="analyse the run*/matrix-report.json of an earlier work directory")
     args = ap.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="rlk-perf-agreement-"))
-    matrix = _matrix_file(args.quick, workdir)
-    runs = [run_once(i + 1, matrix, workdir, args.pytest_args) for i in range(args.runs)]
+    if args.reuse is not None:
+        runs = [{"i": i + 1, "argv": ["", "", f"(reused {p.parent})"], "exit": "?",
+                 "wall": float("nan"), "load_before": "?", "load_after": "?",
+                 "report": json.loads(p.read_text())}
+                for i, p in enumerate(sorted(args.reuse.glob("run*/matrix-report.json")))]
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="rlk-perf-agreement-"))
+        matrix = _matrix_file(args.quick, workdir)
+        runs = [run_once(i + 1, matrix, workdir, args.pytest_args, args.threads)
+                for i in range(args.runs)]
 
-    lines = [f"perf_agreement: {args.runs} runs of the default matrix"
-             + (" (--quick workload)" if args.quick else "") + f" on {os.cpu_count()} CPUs",
+    lines = [f"perf_agreement: {len(runs)} runs of the default matrix"
+             + (" (--quick workload)" if args.quick else "")
+             + (f", OMP_NUM_THREADS={args.threads}" if args.threads else "")
+             + f" on {os.cpu_count()} CPUs",
              f"command: {shlex.join(runs[0]['argv'][2:])}", "",
              "| run | exit | wall s | load before | load after | verdicts | usable timings |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -112,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     keys = sorted({k for c in per_run for k in c})
     lines += ["", "| ratio | " + " | ".join(f"run {r['i']}" for r in runs) + " | agreement |",
               "| --- | " + " | ".join("---" for _ in runs) + " | --- |"]
-    contradictions = 0
+    contradictions = naive_contradictions = 0
     for key in keys:
+        naive = {("slower" if g["low"] > 1 else "faster") for c in per_run
+                 if (g := c.get(key)) and g["low"] is not None
+                 and (g["low"] > 1 or g["high"] < 1)}
+        naive_contradictions += len(naive) > 1
         got = [c.get(key) for c in per_run]
         words = {g["conclusion"] for g in got if g and g["conclusion"] in ("slower", "faster")}
         state = "CONTRADICTION" if len(words) > 1 else (
@@ -129,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "withheld because (count over runs and ratios):"]
     lines += [f"- {n} x {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:8]]
     lines += ["", f"contradictions: {contradictions}; drift summaries identical across runs: "
-              f"{len({json.dumps(r['report']['summary']) for r in runs}) == 1}"]
+              f"{len({json.dumps(r['report']['summary']) for r in runs}) == 1}",
+              "contradictions had the interval alone decided (contamination and spread ignored): "
+              f"{naive_contradictions}"]
     print("\n".join(lines))
     return 1 if contradictions else 0
 
