@@ -391,6 +391,15 @@ def watch(*, root: Path, run_dir: Path, run_id: str, backend: str, env: Mapping[
         write_json_atomic(run_dir / CONTAMINATION_FILE, sampler.stop())
 
 
+def read_measurement(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's `contamination.json`, or None when it is missing or unreadable."""
+    try:
+        data = json.loads((run_dir / CONTAMINATION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
     """Why the measured contamination makes the cell's timings unusable (empty: usable)."""
     if not isinstance(measured, Mapping):

@@ -16,7 +16,7 @@ from typing import Any
 
 from pytest_rlkernel_matrix.attribution import attribute
 from pytest_rlkernel_matrix.cells import Cases, Cell
-from pytest_rlkernel_matrix.contamination import CONTAMINATION_FILE
+from pytest_rlkernel_matrix.contamination import read_measurement
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
@@ -172,7 +172,7 @@ def build_record(
         "capability": ev.capability,
         "log_errors": ev.log.errors,
         "contamination": ev.log.contamination,
-        "contamination_measured": _contamination_summary(ev.root),
+        "contamination_measured": read_measurement(ev.root),
         "performance_policy": Policy.from_mapping(meta.get("performance_policy")).as_dict(),
         "fault_drill": (ev.manifest or {}).get("fault_drill"),
         "worst_tokens": metrics.get("worst_tokens", []),
@@ -181,15 +181,6 @@ def build_record(
         "dlogp_histogram": metrics.get("histogram", {}),
     }
     return record
-
-
-def _contamination_summary(run_dir: Path) -> dict[str, Any] | None:
-    """contamination.json as the record carries it (None when the run has none)."""
-    try:
-        data = json.loads((run_dir / CONTAMINATION_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def alias_record(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix.cells import Cell
-from pytest_rlkernel_matrix.contamination import CONTAMINATION_FILE
 from pytest_rlkernel_matrix.contamination import judge as contamination_judge
+from pytest_rlkernel_matrix.contamination import read_measurement
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, Route
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
@@ -256,7 +256,7 @@ def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mod
     policy = _performance_policy(ev.root)
     for reason in _timing_noise(spread, policy):
         perf.fail(reason)
-    for reason in contamination_judge(_read_contamination(ev.root), policy):
+    for reason in contamination_judge(read_measurement(ev.root), policy):
         perf.fail(reason)
     for key, label in CONTAMINATING_ENV.items():
         if env.get(key, "0") not in ("", "0", "false"):
@@ -276,14 +276,6 @@ def _performance_policy(root: Path) -> Policy:
     except (OSError, ValueError):
         return Policy()
     return Policy.from_mapping(meta.get("performance_policy") if isinstance(meta, dict) else None)
-
-
-def _read_contamination(root: Path) -> Mapping[str, Any] | None:
-    try:
-        data = json.loads((root / CONTAMINATION_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _timing_noise(spread: Mapping[str, Any], policy: Policy) -> list[str]:
