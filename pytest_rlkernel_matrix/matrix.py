@@ -257,12 +257,32 @@ class PreflightSection(_Strict):
     timeout: float = Field(default=60.0, gt=0, description="seconds per preflight command")
 
 
+class PerformanceSection(_Strict):
+    """`[performance]`: when timings support a statement (see `stats.py` for the rule)."""
+
+    min_steps: int = Field(default=5, ge=2, description="measured steps (after warmup) each cell "
+                           "needs before its times support a slowdown/speed-up/ratio statement")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
+                              description="confidence level of each ratio's bootstrap interval")
+    max_relative_spread: float = Field(default=0.5, gt=0, description="largest (max - min) / "
+                                       "median of a cell's measured step times")
+    max_foreign_cpu: float = Field(default=0.25, ge=0, le=1, description="largest share of the "
+                                   "machine's CPU time used outside the cell's processes")
+    max_concurrent_seconds: float = Field(default=1.0, ge=0, description="longest time another "
+                                          "cell of the session may run on the same CPUs/devices")
+    max_foreign_gpu_processes: int = Field(default=0, ge=0, description="other compute "
+                                           "processes allowed on the cell's GPUs")
+    sample_interval: float = Field(default=0.5, gt=0, le=10,
+                                   description="seconds between contamination samples")
+
+
 class MatrixFile(_Strict):
     """The whole `matrix.toml`."""
 
     matrix: MatrixSection = Field(default_factory=MatrixSection)
     runner: RunnerSection
     preflight: PreflightSection = Field(default_factory=PreflightSection)
+    performance: PerformanceSection = Field(default_factory=PerformanceSection)
     hardware: dict[str, HardwareProfile]
 
     @field_validator("hardware")

@@ -16,9 +16,11 @@ from typing import Any
 
 from pytest_rlkernel_matrix.attribution import attribute
 from pytest_rlkernel_matrix.cells import Cases, Cell
+from pytest_rlkernel_matrix.contamination import read_measurement
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
+from pytest_rlkernel_matrix.stats import Policy
 from pytest_rlkernel_matrix.terms import MODULES
 from pytest_rlkernel_matrix.verdict import Decision, contract_id, decide
 
@@ -232,6 +234,8 @@ def build_record(
         "capability": ev.capability,
         "log_errors": ev.log.errors,
         "contamination": ev.log.contamination,
+        "contamination_measured": read_measurement(ev.root),
+        "performance_policy": Policy.from_mapping(meta.get("performance_policy")).as_dict(),
         "fault_drill": (ev.manifest or {}).get("fault_drill"),
         "worst_tokens": metrics.get("worst_tokens", []),
         "first_mismatch": metrics.get("first_mismatch", []),

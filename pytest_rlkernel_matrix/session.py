@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix import contamination
 from pytest_rlkernel_matrix.cells import Cell, canonical_cells
 from pytest_rlkernel_matrix.launchers.base import CellJob, Launcher, Outcome
 from pytest_rlkernel_matrix.matrix import MatrixFile
@@ -42,6 +43,7 @@ from pytest_rlkernel_matrix.runner import (
     is_secret,
     render_case_env,
 )
+from pytest_rlkernel_matrix.stats import Policy
 
 RECORD_CACHE = "cell-record.json"
 PREFLIGHT_FILE = "preflight.json"
@@ -266,6 +268,17 @@ class MatrixSession:
                 started += 1
         return started
 
+    def _wait(self, cell: Cell, job: CellJob) -> Outcome:
+        """Wait for the launcher's outcome. Local runs are sampled for contamination on this host;
+        a Slurm job runs on a compute node this process cannot sample, so its run directory gets
+        no `contamination.json` and its timings are "not measured" (fail closed)."""
+        if self.matrix.runner.launcher != "local":
+            return self.launcher.wait(job)
+        with contamination.watch(root=self.root, run_dir=job.run_dir, run_id=self.run_id(cell),
+                                 backend=self.matrix.hardware[cell.hardware].backend, env=job.env,
+                                 policy=Policy(**self.matrix.performance.model_dump())):
+            return self.launcher.wait(job)
+
     def _execute(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
                  blockers: list[list[str]]) -> dict[str, Any]:
         job = self.pending.pop(cell.run_key, None) or self._prepare(cell, mode, run_dir, env_hook)
@@ -282,7 +295,7 @@ class MatrixSession:
                                interrupted=False, wall_time=0.0, started=now, finished=now)
             (run_dir / "exit-code").write_text("not-started\n")
             return self._finish(cell, mode, run_dir, result, recorded, blockers)
-        outcome = self.launcher.wait(job)
+        outcome = self._wait(cell, job)
         record = self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome)
         if (self.launcher.retryable(outcome) and job.attempt == 1
                 and not outcome.result.interrupted):
@@ -296,7 +309,7 @@ class MatrixSession:
             retry = self._prepare(cell, mode, retry_dir, env_hook, attempt=2)
             first = {"artifact_dir": str(run_dir.relative_to(self.root)),
                      **(outcome.scheduler or {})}
-            outcome = self.launcher.wait(retry)
+            outcome = self._wait(cell, retry)
             if outcome.scheduler is not None:
                 outcome.scheduler["previous_attempts"] = [first]
             record = self._finish(cell, mode, retry_dir, outcome.result, retry.recorded,
@@ -327,6 +340,7 @@ class MatrixSession:
             "run": result.as_dict(),
             "timeout": self.matrix.runner.timeout,
             "warmup": self.matrix.runner.warmup,
+            "performance_policy": self.matrix.performance.model_dump(),
             "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
             "fingerprints": fingerprints,
             "preflight_blockers": blockers,

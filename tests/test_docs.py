@@ -164,6 +164,7 @@ SECTION_MODELS: dict[str, type[BaseModel]] = {
     "runner": matrix.RunnerSection,
     "preflight": matrix.PreflightSection,
     "runner.slurm": matrix.SlurmSection,
+    "performance": matrix.PerformanceSection,
 }
 MENTION_RE = re.compile(r"`\[([a-z0-9_.<>-]+)\] ([a-z_]+)`")
 
