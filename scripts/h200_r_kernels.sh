@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One device call: the Triton R kernel tests, the kernel benchmark and the all-R vs all-P step
 # comparison (issue 14), each stage's full log under $OUT. Usage: scripts/h200_r_kernels.sh [stages]
-# stages: any of tests,bench,compare,matrix (default: tests,bench,compare).
+# stages: any of tests,bench,profile,compare,matrix (default: tests,bench,compare).
 set -u
 OUT=${OUT:-/tmp/rlk-out}
 STAGES=${1:-tests,bench,compare}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 export PYTHON_BIN=python3
 mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then  # pydantic for the plugin (absent from the GPU image)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton",
@@ -21,6 +25,11 @@ if [[ $STAGES == *bench* ]]; then
   python3 -m pytest -q -p no:cacheprovider -p no:rlkernel_matrix -s --benchmark-only \
     --benchmark-columns=median,iqr,rounds benchmarks/test_kernels_bench.py 2>&1 \
     | tee "$OUT/kernel-bench.log"
+fi
+if [[ $STAGES == *profile* ]]; then
+  for c in R/R P/P; do
+    python3 benchmarks/profile_step.py --case $c 2>&1 | tee "$OUT/profile-${c:0:1}.log" | tail -45
+  done
 fi
 if [[ $STAGES == *compare* ]]; then
   python3 benchmarks/step_compare.py --out /tmp/cmp --configs "${CONFIGS:-R,P,P-eager}" 2>&1 \

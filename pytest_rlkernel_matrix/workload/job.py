@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from .graphs import DecodeRunner
 from .kernels import (
@@ -269,8 +270,9 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
     active = torch.arange(len(prompts), device=dev)
     lp = model.logprobs(k, h, temperature)
     while True:
-        tok = sample_top_p(lp, top_p, gen)
-        sel = lp.gather(-1, tok[:, None])[:, 0].float().cpu().tolist()
+        with record_function("rlk.sample"):
+            tok = sample_top_p(lp, top_p, gen)
+            sel = lp.gather(-1, tok[:, None])[:, 0].float().cpu().tolist()
         done = []
         for i, t, s in zip(active.tolist(), tok.tolist(), sel, strict=True):
             out_tok[i].append(t)
@@ -286,11 +288,12 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
                 caches = [c.select(rows) for c in caches]
             else:
                 runner.keep(rows)
-        if runner is None:
-            h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
-            lp = model.logprobs(k, h, temperature)
-        else:
-            lp = runner.step(tok, lengths)
+        with record_function("rlk.decode"):
+            if runner is None:
+                h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
+                lp = model.logprobs(k, h, temperature)
+            else:
+                lp = runner.step(tok, lengths)
         lengths = lengths + 1
     return Rollout([torch.cat([p, torch.tensor(t, device=dev)])
                     for p, t in zip(prompts, out_tok, strict=True)],

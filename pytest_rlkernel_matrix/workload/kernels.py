@@ -290,13 +290,14 @@ class AttentionKernel(ModuleKernel):
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1),
                 v.transpose(1, 2).repeat_interleave(g, 1), is_causal=True)
-        else:  # rollout decode against the KV cache
+        else:  # rollout decode: the KV cache read in place, query heads grouped per KV head
             span = inp.span
-            kc = inp.cache.k[:, :span].transpose(1, 2).repeat_interleave(g, 1)
-            vc = inp.cache.v[:, :span].transpose(1, 2).repeat_interleave(g, 1)
+            kc = inp.cache.k[:, :span].transpose(1, 2)  # [B, Hkv, span, D] views, no copy
+            vc = inp.cache.v[:, :span].transpose(1, 2)
             mask = torch.arange(span, device=x.device)[None, :] <= inp.positions
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc,
+            o = F.scaled_dot_product_attention(q.reshape(b, hkv, g, d), kc, vc,
                                                attn_mask=mask[:, None, None, :])
+            return F.linear(o.reshape(b, t, hq * d), lw.o_proj)
         return F.linear(o.transpose(1, 2).reshape(b, t, hq * d), lw.o_proj)
 
 
