@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the Triton R kernel tests, the kernel benchmark and the all-R vs all-P step
 # comparison (issue 14), each stage's full log under $OUT. Usage: scripts/h200_r_kernels.sh [stages]
-# stages: any of tests,bench,profile,compare,matrix (default: tests,bench,compare).
+# stages: any of tests,bench,sweep,profile,compare,matrix (default: tests,bench,compare).
 set -u
 OUT=${OUT:-/tmp/rlk-out}
 STAGES=${1:-tests,bench,compare}
@@ -19,12 +19,16 @@ fi
 } 2>&1 | tee "$OUT/env.log"
 if [[ $STAGES == *tests* ]]; then
   python3 -m pytest -q -p no:cacheprovider -p no:rlkernel_matrix -m gpu -rs --durations=12 \
-    tests/workload/test_triton_kernels.py tests/workload/test_kernels.py 2>&1 | tee "$OUT/tests.log"
+    tests/workload/test_triton_kernels.py tests/workload/test_kernels.py 2>&1 | tee "$OUT/tests.log" \
+    | tail -30
 fi
 if [[ $STAGES == *bench* ]]; then
   python3 -m pytest -q -p no:cacheprovider -p no:rlkernel_matrix -s --benchmark-only \
     --benchmark-columns=median,iqr,rounds benchmarks/test_kernels_bench.py 2>&1 \
     | tee "$OUT/kernel-bench.log"
+fi
+if [[ $STAGES == *sweep* ]]; then
+  python3 benchmarks/matmul_configs.py 2>&1 | tee "$OUT/matmul-configs.log"
 fi
 if [[ $STAGES == *profile* ]]; then
   for c in R/R P/P; do
@@ -39,8 +43,9 @@ if [[ $STAGES == *compare* ]]; then
     > "$OUT/run-$n.log"; done
 fi
 if [[ $STAGES == *matrix* ]]; then
-  python3 -m pytest --rlk-matrix=docs/examples/h200-matrix.toml --rlk-hardware=h200 \
-    --rlk-matrix-root=/tmp/matrix 2>&1 | tail -40 | tee "$OUT/matrix.log"
+  python3 -m pytest -p pytest_rlkernel_matrix.plugin \
+    --rlk-matrix=${MATRIX_TOML:-docs/examples/h200-r-kernels-matrix.toml} --rlk-hardware=h200 \
+    --rlk-matrix-root=/tmp/matrix 2>&1 | tail -60 | tee "$OUT/matrix.log"
   cp /tmp/matrix/matrix-report.json "$OUT/" 2>/dev/null
 fi
 date -u

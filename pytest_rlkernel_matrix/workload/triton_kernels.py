@@ -277,8 +277,13 @@ def _check(x: Tensor, name: str, dim: int) -> None:
         raise ValueError(f"{name}: expected {dim}-d tensor, got shape {tuple(x.shape)}")
 
 
-def matmul(a: Tensor, w: Tensor, out_dtype: torch.dtype) -> Tensor:
-    """``a [M, K] @ w[N, K]^T`` -> ``[M, N]`` in ``out_dtype``; fp32 accumulation, no split-K."""
+def matmul(a: Tensor, w: Tensor, out_dtype: torch.dtype,
+           config: MatmulConfig | None = None) -> Tensor:
+    """``a [M, K] @ w[N, K]^T`` -> ``[M, N]`` in ``out_dtype``; fp32 accumulation, no split-K.
+
+    ``config`` overrides the fixed per-dtype configuration (config sweeps only; the R modules
+    never pass it).
+    """
     _check(a, "matmul a", 2)
     _check(w, "matmul w", 2)
     m, k = a.shape
@@ -288,7 +293,7 @@ def matmul(a: Tensor, w: Tensor, out_dtype: torch.dtype) -> Tensor:
     c = torch.empty(m, n, device=a.device, dtype=out_dtype)
     if m == 0:
         return c
-    cfg = matmul_config(a.dtype, bool(torch.version.hip))
+    cfg = config or matmul_config(a.dtype, bool(torch.version.hip))
     sms = _sms(a.device)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     _mm_kernel[(min(sms, tiles),)](
