@@ -17,9 +17,9 @@ from pytest_rlkernel_matrix.workload import triton_kernels as tk
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024),
           "down": (1024, 3072), "lm_head": (151936, 1024)}
 CONFIGS = {
-    "128x128x64 w8 s3 (fixed)": tk.MatmulConfig(128, 128, 64, 8, 8, 3),
+    "128x128x64 w8 s3 (first version)": tk.MatmulConfig(128, 128, 64, 8, 8, 3),
     "128x256x64 w8 s3": tk.MatmulConfig(128, 256, 64, 8, 8, 3),
-    "128x128x64 w4 s4": tk.MatmulConfig(128, 128, 64, 8, 4, 4),
+    "128x128x64 w4 s4 (fixed now)": tk.MatmulConfig(128, 128, 64, 8, 4, 4),
     "64x128x64 w4 s4": tk.MatmulConfig(64, 128, 64, 8, 4, 4),
 }
 

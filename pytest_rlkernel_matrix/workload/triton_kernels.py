@@ -79,7 +79,9 @@ def matmul_config(dtype: torch.dtype, hip: bool) -> MatmulConfig:
     """Fixed per dtype (and per platform: ROCm's LDS holds fewer stages)."""
     if dtype == torch.float32:
         return MatmulConfig(64, 64, 32, 8, 4, 2 if hip else 3)
-    return MatmulConfig(128, 128, 64, 8, 8, 2 if hip else 3)
+    # bf16: chosen by benchmarks/matmul_configs.py on an H200 (docs/benchmarks.md), the best
+    # single configuration over the qwen3-0.6b weight shapes at training and decode M.
+    return MatmulConfig(128, 128, 64, 8, 4, 2 if hip else 4)
 
 
 @functools.cache
