@@ -478,7 +478,8 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
         with torch.inference_mode():
             ro = run_rollout(rollout_model, kernels["rollout"], prompts, max_new,
                              args.temperature, args.top_p, samp_gen, graphs)
-        modes["rollout"] = ro.execution_mode
+        if step == 0 or ro.execution_mode == "eager":  # graphs only if every step had them
+            modes["rollout"] = ro.execution_mode
         if step == 0:
             print(f"[rlk-reference] rollout decode execution_mode={ro.execution_mode} "
                   f"r_backend={backend}" + (f" reason={ro.fallback_reason}"

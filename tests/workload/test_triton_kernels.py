@@ -193,8 +193,8 @@ def test_model_rollout_equals_training_bitwise(graphs: bool) -> None:
                          torch.Generator(device=DEV).manual_seed(2), graphs)
         train = run_training(Qwen3(cfg, w, 96), ks["training"], ro, 7, 1.0,
                              torch.randperm(40, generator=gen).tolist())
-    assert ro.execution_mode == ("compiled_hip_graph" if torch.version.hip else
-                                 "compiled_cuda_graph") if graphs else "eager"
+    graph_mode = "compiled_hip_graph" if torch.version.hip else "compiled_cuda_graph"
+    assert ro.execution_mode == (graph_mode if graphs else "eager")
     for a, b in zip(train, ro.logprobs, strict=True):
         assert torch.equal(a, b)
 
