@@ -27,13 +27,16 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import triton_kernels as tk
 from .model import AttnInputs, LayerWeights
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 MODULES = ("attention", "ffn", "logp")
 R_BACKEND_IDS = {
@@ -52,17 +55,25 @@ def runtime_platform(device: torch.device) -> str:
     return "rocm" if torch.version.hip else "cuda"
 
 
+def _tk() -> ModuleType:
+    """``triton_kernels``, imported on first GPU use (a CPU run never imports Triton)."""
+    from . import triton_kernels
+
+    return triton_kernels
+
+
 def r_backend(device: torch.device) -> str:
     """The R implementation for a device: ``triton`` on a GPU with Triton, else ``torch``.
 
     Set ``RLK_REF_R_BACKEND=torch`` to force the tiled-torch R path on a GPU (comparisons).
     """
     forced = os.environ.get("RLK_REF_R_BACKEND", "").strip()
+    usable = device.type == "cuda" and _tk().available(device)
     if forced in ("torch", "triton"):
-        if forced == "triton" and not tk.available(device):
+        if forced == "triton" and not usable:
             raise RuntimeError(f"RLK_REF_R_BACKEND=triton but Triton cannot run on {device}")
         return forced
-    return "triton" if tk.available(device) else "torch"
+    return "triton" if usable else "torch"
 
 
 @dataclass(frozen=True)
@@ -250,6 +261,7 @@ class AttentionKernel(ModuleKernel):
             self.dtype).reshape(b, t, h)
 
     def _r_triton(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
+        tk = _tk()
         b, t, h = x.shape
         d = lw.q_norm.shape[0]
         hq, hkv = lw.q_proj.shape[0] // d, lw.k_proj.shape[0] // d
@@ -309,6 +321,7 @@ class FfnKernel(ModuleKernel):
         b, t, h = x.shape
         inter = lw.gate_proj.shape[0]
         if self.uses_triton:
+            tk = _tk()
             wgu = self._weight((lw.index, "gu"), lambda: torch.cat(
                 [lw.gate_proj, lw.up_proj]).contiguous())
             xn = tk.rmsnorm(x.reshape(b * t, h), lw.post_norm, self.eps, self.dtype)
@@ -357,6 +370,7 @@ class LogpKernel(ModuleKernel):
     def _r_triton(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor | None,
                   temperature: float) -> Tensor:
         """Chunked over rows; per row: fp32 logits, fixed-order log-sum-exp, ``z - lse``."""
+        tk = _tk()
         hn = tk.rmsnorm(h, norm_w, self.eps, self.dtype)
         outs = []
         for s, z in tk.logits_chunks(hn, lm_head, temperature):
