@@ -20,12 +20,10 @@ import torch
 CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = not CUDA and HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (CUDA and HAS_TRITON) and not INTERPRET,
-                       reason="needs a CUDA/ROCm device with triton (or TRITON_INTERPRET=1 "
-                              "with triton installed: Triton's CPU interpreter)"),
-]
+needs_kernels = pytest.mark.skipif(
+    not (CUDA and HAS_TRITON) and not INTERPRET,
+    reason="needs a CUDA/ROCm device with triton (or TRITON_INTERPRET=1 with triton installed: "
+           "Triton's CPU interpreter)")
 DEV = torch.device("cuda" if CUDA else "cpu")
 DT = torch.bfloat16 if CUDA else torch.float32  # the interpreter has no bf16 tensor cores
 # (hidden, q heads, kv heads, head dim, intermediate, vocab)
@@ -54,6 +52,8 @@ TOL = 2e-2 if CUDA else 1e-5  # bf16 outputs vs fp32 outputs
 SIZES = [1, 2, 3, 7, 16, 64, 129, 300] if CUDA else [1, 2, 5]
 
 
+@pytest.mark.gpu
+@needs_kernels
 @pytest.mark.parametrize("kn", [(1024, 4096), (2048, 1024), (3072, 1024)] if CUDA
                          else [(64, 96), (40, 33)])
 def test_matmul_rows_batch_invariant(kn: tuple[int, int]) -> None:
@@ -70,6 +70,8 @@ def test_matmul_rows_batch_invariant(kn: tuple[int, int]) -> None:
     assert rel(full, a.double() @ w.double().t()) < 1e-5
 
 
+@pytest.mark.gpu
+@needs_kernels
 def test_rmsnorm_and_swiglu_rows_batch_invariant() -> None:
     h, inter = SHAPE[0], SHAPE[4]
     x, w = rnd(310, h, seed=4), rnd(h, seed=5, scale=0.1) + 1
@@ -87,6 +89,8 @@ def test_rmsnorm_and_swiglu_rows_batch_invariant() -> None:
     assert rel(s, torch.nn.functional.silu(gd[:, :inter]) * gd[:, inter:]) < TOL
 
 
+@pytest.mark.gpu
+@needs_kernels
 def test_qk_norm_rope_rows_batch_invariant() -> None:
     _, hq, hkv, d, _, _ = SHAPE
     m = 300 if CUDA else 12
@@ -124,6 +128,8 @@ def _attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
     return torch.einsum("bhts,bshd->bthd", s.softmax(-1), vv).reshape(b, t, hq * d)
 
 
+@pytest.mark.gpu
+@needs_kernels
 def test_attention_training_prefill_decode_bitwise() -> None:
     """Training (causal, K/V of the forward), prefill and decode (K/V cache read in place, with
     stale data past each row's position) give the same bits per query row, at any batch size,
@@ -150,6 +156,8 @@ def test_attention_training_prefill_decode_bitwise() -> None:
     assert torch.equal(out[:, 0], train[rows, steps])
 
 
+@pytest.mark.gpu
+@needs_kernels
 def test_logp_selected_full_and_batch_invariant() -> None:
     h, v = SHAPE[0], SHAPE[5]
     n = 70 if CUDA else 9
@@ -168,6 +176,8 @@ def test_logp_selected_full_and_batch_invariant() -> None:
         assert (full.double() - ref).abs().max() < (1e-3 if CUDA else 1e-5)
 
 
+@pytest.mark.gpu
+@needs_kernels
 @pytest.mark.skipif(not CUDA, reason="model-level check needs a GPU (interpreter too slow)")
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_model_rollout_equals_training_bitwise(graphs: bool) -> None:
