@@ -49,6 +49,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ToleranceContract(_Strict):
+    """A declared tolerance: every active token's |dlogp| at most `max_abs_diff`."""
+
+    kind: Literal["tolerance"]
+    max_abs_diff: float = Field(ge=0, allow_inf_nan=False,
+                                description="largest allowed |dlogp| over active tokens")
+
+
+class BitwiseContract(_Strict):
+    """A declared bitwise contract: every active token's logprob identical on both sides."""
+
+    kind: Literal["bitwise"]
+
+
+BaselineContract = Annotated[BitwiseContract | ToleranceContract, Field(discriminator="kind")]
+
+
 class MatrixSection(_Strict):
     """`[matrix]`: what the matrix varies and how it is judged by default."""
 
@@ -59,6 +76,27 @@ class MatrixSection(_Strict):
     layout: Layout = "pairwise"
     mode: Mode = "audit"
     aligned: bool = True
+    baseline_contract: BaselineContract | None = Field(
+        default=None,
+        description="the site's own numeric claim for the all-R aligned baseline: \"bitwise\" "
+        "or { kind = \"tolerance\", max_abs_diff = <finite float> }",
+    )
+    min_samples_per_rank: int = Field(default=1, ge=1,
+                                      description="logprob samples every sidecar rank must hold")
+    min_active_tokens: int = Field(default=1, ge=1,
+                                   description="active (mask=1) tokens the logprob evidence holds")
+
+    @field_validator("baseline_contract", mode="before")
+    @classmethod
+    def _contract(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value.strip().lower() != "bitwise":
+                raise ValueError(
+                    f"{value!r} is not a contract: use \"bitwise\" or a table "
+                    "{ kind = \"tolerance\", max_abs_diff = <finite float> }"
+                )
+            return {"kind": "bitwise"}
+        return value
 
     @field_validator("cases", mode="before")
     @classmethod

@@ -153,7 +153,7 @@ def test_full_pairwise_run_report_and_dedup(pytester: pytest.Pytester, make_matr
                                                                   "cpu/logp-rr"]
     assert len({c["run_id"] for c in report["cells"]}) == 10
     rr = _cell(report, "attention", "R/R")
-    assert rr["mismatch_count"] == 0 and rr["contract"] == {"kind": "bitwise"}
+    assert rr["mismatch_count"] == 0 and rr["contract"]["kind"] == "bitwise"
     pr = _cell(report, "attention", "P/R")
     assert pr["mismatch_count"] > 0 and pr["actual_training_implementation"] == "production"
     assert pr["actual_rollout_implementation"] == "rl_kernel"
