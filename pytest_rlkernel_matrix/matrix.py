@@ -49,21 +49,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ToleranceContract(_Strict):
-    """A declared tolerance: every active token's |dlogp| at most `max_abs_diff`."""
+class BaselineContract(_Strict):
+    """`[matrix] baseline_contract`: the site's numeric claim for the all-R baseline.
 
-    kind: Literal["tolerance"]
-    max_abs_diff: float = Field(ge=0, allow_inf_nan=False,
-                                description="largest allowed |dlogp| over active tokens")
+    `"bitwise"` (every active token's logprob identical on both sides) or
+    `{ kind = "tolerance", max_abs_diff = x }` (every active token's |dlogp| at most x, finite).
+    """
 
+    kind: Literal["bitwise", "tolerance"]
+    max_abs_diff: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                       description="largest allowed |dlogp| (tolerance only)")
 
-class BitwiseContract(_Strict):
-    """A declared bitwise contract: every active token's logprob identical on both sides."""
+    @model_validator(mode="after")
+    def _limit(self) -> BaselineContract:
+        if self.kind == "tolerance" and self.max_abs_diff is None:
+            raise ValueError("a tolerance contract needs max_abs_diff (a finite float >= 0)")
+        if self.kind == "bitwise" and self.max_abs_diff is not None:
+            raise ValueError("a bitwise contract takes no max_abs_diff")
+        return self
 
-    kind: Literal["bitwise"]
-
-
-BaselineContract = Annotated[BitwiseContract | ToleranceContract, Field(discriminator="kind")]
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": self.kind}
+        if self.kind == "tolerance":
+            out["max_abs_diff"] = self.max_abs_diff
+        return out
 
 
 class MatrixSection(_Strict):

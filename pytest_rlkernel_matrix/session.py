@@ -269,7 +269,7 @@ class MatrixSession:
         """How the matrix file says to judge `cell` (frozen into cell-run.json for re-analysis)."""
         m = self.matrix.matrix
         contract = m.baseline_contract
-        return {"baseline_contract": None if contract is None else contract.model_dump(),
+        return {"baseline_contract": None if contract is None else contract.as_dict(),
                 "min_samples_per_rank": m.min_samples_per_rank,
                 "min_active_tokens": m.min_active_tokens,
                 "backend": self.matrix.hardware[cell.hardware].backend}
