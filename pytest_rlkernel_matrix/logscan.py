@@ -31,6 +31,8 @@ _ROUTE_TAG = "[RL-Kernel][route]"
 _UNSUPPORTED_TAG = "[RL-Kernel][unsupported]"
 _CONTAMINATION_TAG = "[RL-Kernel][contamination]"
 _CONTRACT_RE = re.compile(r"contract_id=(\S+)")
+# `fallback=true` as its own key (not `allow_fallback=true`), `fallback=1` too.
+_FALLBACK_RE = re.compile(r"(?<![\w.-])fallback=(?:true|1)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -258,8 +260,7 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
                 for key, value in _kv(line.split(_CONTAMINATION_TAG, 1)[1]).items():
                     if value not in ("0", "false", "False"):
                         scan.contamination[key] = line.strip()[:500]
-            low = line.lower()
-            if "fallback=true" in low or "fallback=1" in line:
+            if _FALLBACK_RE.search(line):
                 _keep(scan.fallback_lines, line.strip()[:500], scan)  # type: ignore[arg-type]
             if "contract_id=" in line:
                 for cid in _CONTRACT_RE.findall(line):

@@ -163,6 +163,8 @@ def _log_route_fallbacks(cell: Cell, mode: str, ev: Evidence, have: list[str]) -
     """run.log `fallback=true` lines and route lines contradicting an R request."""
     out: list[str] = []
     for line in ev.log.fallback_lines:
+        if ev.readback_files and "[RL-Kernel]" not in line:
+            continue  # with readbacks, only RL-Kernel's own lines speak for the route
         kv = dict(part.split("=", 1) for part in line.split() if "=" in part)
         side = side_of(kv.get("framework"), kv.get("target"))
         module = kv.get("module")

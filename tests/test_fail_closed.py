@@ -324,6 +324,12 @@ def test_route_fallback_line_counts_even_with_readbacks(tmp_path: Path) -> None:
     assert has(rec, "run.log: [RL-Kernel][route] framework=vllm target=rollout module=attention")
 
 
+def test_non_rl_kernel_fallback_words_do_not_count_with_readbacks(tmp_path: Path) -> None:
+    k = kit(tmp_path)
+    k.log("INFO engine config: allow_fallback=True, sampler fallback=true")
+    assert k.analyze()["verdict"] == "valid"
+
+
 @pytest.mark.parametrize(("lines", "reason"), [
     (["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
       "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error"],

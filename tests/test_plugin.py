@@ -234,6 +234,13 @@ def test_strict_baseline_gate(pytester: pytest.Pytester, make_matrix, tmp_path: 
     audit = pytester.runpytest("--rlk-mode=audit", "-m", "rlk_baseline",
                                f"--rlk-matrix-root={tmp_path / 'c'}")
     assert audit.ret == 0
+    # an all-R baseline with no contract from any source is never passed by strict
+    make_matrix(env={"FAKE_SCENARIO": "no_contract"})
+    unjudged = pytester.runpytest("--rlk-mode=strict", "-m", "rlk_baseline",
+                                  f"--rlk-matrix-root={tmp_path / 'd'}")
+    assert unjudged.ret == 1 and _outcomes(unjudged)["contract_mismatch"] == 3
+    unjudged.stdout.fnmatch_lines(["    no contract: not judged: neither the logp provider nor "
+                                   "matrix.toml (baseline_contract) declares*"])
 
 
 def test_off_mode_runs_only_native_cells(pytester: pytest.Pytester, make_matrix,
