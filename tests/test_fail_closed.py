@@ -16,10 +16,10 @@ import pytest
 import torch
 from cellkit import RUN_ID, CellKit
 
+from pytest_rlkernel_matrix import cli
 from pytest_rlkernel_matrix import evidence as evidence_mod
 from pytest_rlkernel_matrix.logscan import MAX_LINE_BYTES, scan_log
 from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
-from pytest_rlkernel_matrix.reanalyze import reanalyze
 from pytest_rlkernel_matrix.report import write_json_atomic
 
 
@@ -458,8 +458,8 @@ def test_report_command_rewrites_a_root_with_corrupt_files(tmp_path: Path) -> No
     bad = kit(tmp_path, module="ffn", case="P/R", mode="strict")
     (bad.dir / "cell-run.json").write_text("not json")
     (tmp_path / "matrix-report.json").write_text('{"cells": [1, 2')
-    out = reanalyze(tmp_path)
-    report = strict_json(out)
+    assert cli.main(["report", str(tmp_path)]) == 0  # `rlk-matrix report <root>`
+    report = strict_json(tmp_path / "matrix-report.json")
     by_dir = {c["artifact_dir"]: c for c in report["cells"]}
     assert by_dir[f"cpu/{good.cell.slug}"]["verdict"] == "valid"
     broken = by_dir[f"cpu/{bad.cell.slug}"]
@@ -467,3 +467,35 @@ def test_report_command_rewrites_a_root_with_corrupt_files(tmp_path: Path) -> No
     assert (broken["module"], broken["case"]) == ("ffn", "P/R")
     assert broken["reasons"][0].startswith("cell-run.json: ")
     assert report["reanalysis_notes"][0].startswith("matrix-report.json was unreadable")
+
+
+def test_an_exception_in_a_cell_is_an_error_record(pytester: pytest.Pytester, make_matrix: Any,
+                                                   tmp_path: Path) -> None:
+    make_matrix(modules='["attention"]')
+    pytester.makeconftest('''
+def pytest_rlk_cell_env(config, cell, env):
+    if cell.case == "P/R":
+        raise RuntimeError("hook exploded")
+''')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-p", "no:cacheprovider",
+                                "-k", "R/R or P/R")
+    assert "INTERNALERROR" not in result.stdout.str()
+    assert result.ret == 1
+    cells = {c["case"]: c for c in json.loads((root / "matrix-report.json").read_text())["cells"]}
+    assert cells["P/R"]["verdict"] == "error" and cells["P/R"]["failed"] is True
+    assert cells["P/R"]["reasons"] == ["internal error: RuntimeError: hook exploded"]
+    assert cells["R/R"]["verdict"] == "valid"
+
+
+def test_repr_failure_of_any_exception_works_on_pytest_9(pytester: pytest.Pytester,
+                                                         make_matrix: Any) -> None:
+    make_matrix(modules='["attention"]')
+    items, _ = pytester.inline_genitems("-p", "no:cacheprovider")
+    assert items
+    try:
+        raise ValueError("not a verdict")
+    except ValueError:
+        info = pytest.ExceptionInfo.from_current()
+    for style in (None, "short"):  # pytest 9's Function.repr_failure takes no `style`
+        assert "ValueError: not a verdict" in str(items[0].repr_failure(info, style=style))
