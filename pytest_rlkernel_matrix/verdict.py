@@ -405,7 +405,10 @@ def resolve_contract(cell: Cell, ev: Evidence, mode: str,
                         "while the other side declares one")
     versions = {s: (ev.routes[s]["logp"].contract_versions if "logp" in ev.routes[s] else [])
                 for s in SIDES}
-    if all(versions.values()) and set(versions["training"]) != set(versions["rollout"]):
+    # The family (`linear_logp` of `linear_logp:tp=2:cp=1:vocab=...`) must agree; the topology
+    # parameters may differ between the sides (training and rollout often shard differently).
+    families = {side: {v.split(":", 1)[0] for v in vs} for side, vs in versions.items()}
+    if all(versions.values()) and families["training"] != families["rollout"]:
         problems.append(f"logp contract_version differs: training {versions['training']}, "
                         f"rollout {versions['rollout']}")
     if declared is not None:
@@ -419,9 +422,9 @@ def resolve_contract(cell: Cell, ev: Evidence, mode: str,
         problems.append("conflicting contracts: " + ", ".join(
             f"{k} {_fmt_contract(c)}" for k, c in parsed.items()))
     sources = {k: _fmt_contract(c) for k, c in parsed.items()}
-    if versions["training"] or versions["rollout"]:
-        sources["contract_version"] = ",".join(dict.fromkeys(
-            versions["training"] + versions["rollout"]))
+    for side in SIDES:
+        if versions[side]:
+            sources[f"contract_version {side}"] = ",".join(versions[side])
     if not parsed:
         return {"kind": "none", "sources": sources, "problems": problems,
                 "why": "neither the logp provider nor matrix.toml (baseline_contract) declares "

@@ -122,6 +122,19 @@ def test_bad_provider_contracts_are_reasons(tmp_path: Path, contract: Any, reaso
     strict_json(out)  # no bare NaN/Infinity reaches a report file
 
 
+def test_contract_version_family_must_agree_topology_may_differ(tmp_path: Path) -> None:
+    k = kit(tmp_path)
+    k.edit_readback("rollout", lambda d: d["operators"]["logp"]["provenance"].update(
+        contract_version="linear_logp:tp=2:cp=1:vocab=128"))
+    assert k.analyze()["verdict"] == "valid"
+    k.edit_readback("rollout", lambda d: d["operators"]["logp"]["provenance"].update(
+        contract_version="vime.native.linear_logp.v1"))
+    rec = k.analyze()
+    assert rec["verdict"] == "contract_mismatch"
+    assert has(rec, "contract: logp contract_version differs: training "
+                    "['linear_logp:tp=1:cp=1:vocab=128'], rollout ['vime.native.linear_logp.v1']")
+
+
 def test_user_and_provider_contracts_conflict(tmp_path: Path) -> None:
     k = CellKit(tmp_path, policy={"baseline_contract": {"kind": "tolerance",
                                                         "max_abs_diff": 1e-3}, "backend": "cpu"})
