@@ -44,7 +44,14 @@ def rlk_matrix_cell(
     def env_hook(cell: Cell, env: dict[str, str]) -> None:
         hook(config=request.config, cell=cell, env=env)
 
-    record = session.run_cell(rlk_cell, mode=rlk_mode, env_hook=env_hook)
+    try:
+        record = session.run_cell(rlk_cell, mode=rlk_mode, env_hook=env_hook)
+    except Exception as exc:  # one broken cell is an `error` record, never a lost session
+        from pytest_rlkernel_matrix.report import not_run_record
+
+        record = not_run_record(rlk_cell, rlk_mode,
+                                f"internal error: {type(exc).__name__}: {str(exc)[:500]}", "error")
+        record["failed"] = True
     request.node.stash[RECORD_KEY] = record
     record_property("rlk_verdict", record["verdict"])
     record_property("rlk_artifact_dir", record.get("artifact_dir"))
@@ -61,6 +68,8 @@ class MatrixItem(pytest.Function):
         return self.path, 0, f"{self.parent.name}::{self.name}"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        # pytest 9's Function.repr_failure takes no `style` (passing it was an INTERNALERROR
+        # that ended the session with an empty report): accept it, never forward it.
         if isinstance(excinfo.value, CellFailed):
             rec = excinfo.value.record
             lines = [f"{rec['hardware']} {rec['module']} {rec['case']}: verdict "
@@ -69,7 +78,7 @@ class MatrixItem(pytest.Function):
             if rec.get("artifact_dir"):
                 lines.append(f"  artifacts: {rec['artifact_dir']}")
             return "\n".join(lines)
-        return super().repr_failure(excinfo, style=style)
+        return super().repr_failure(excinfo)
 
 
 class HardwareNode(pytest.Collector):

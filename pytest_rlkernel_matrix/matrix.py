@@ -49,6 +49,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BaselineContract(_Strict):
+    """`[matrix] baseline_contract`: the site's numeric claim for the all-R baseline.
+
+    `"bitwise"` (every active token's logprob identical on both sides) or
+    `{ kind = "tolerance", max_abs_diff = x }` (every active token's |dlogp| at most x, finite).
+    """
+
+    kind: Literal["bitwise", "tolerance"]
+    max_abs_diff: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                       description="largest allowed |dlogp| (tolerance only)")
+
+    @model_validator(mode="after")
+    def _limit(self) -> BaselineContract:
+        if self.kind == "tolerance" and self.max_abs_diff is None:
+            raise ValueError("a tolerance contract needs max_abs_diff (a finite float >= 0)")
+        if self.kind == "bitwise" and self.max_abs_diff is not None:
+            raise ValueError("a bitwise contract takes no max_abs_diff")
+        return self
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": self.kind}
+        if self.kind == "tolerance":
+            out["max_abs_diff"] = self.max_abs_diff
+        return out
+
+
 class MatrixSection(_Strict):
     """`[matrix]`: what the matrix varies and how it is judged by default."""
 
@@ -59,6 +85,27 @@ class MatrixSection(_Strict):
     layout: Layout = "pairwise"
     mode: Mode = "audit"
     aligned: bool = True
+    baseline_contract: BaselineContract | None = Field(
+        default=None,
+        description="the site's own numeric claim for the all-R aligned baseline: \"bitwise\" "
+        "or { kind = \"tolerance\", max_abs_diff = <finite float> }",
+    )
+    min_samples_per_rank: int = Field(default=1, ge=1,
+                                      description="logprob samples every sidecar rank must hold")
+    min_active_tokens: int = Field(default=1, ge=1,
+                                   description="active (mask=1) tokens the logprob evidence holds")
+
+    @field_validator("baseline_contract", mode="before")
+    @classmethod
+    def _contract(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value.strip().lower() != "bitwise":
+                raise ValueError(
+                    f"{value!r} is not a contract: use \"bitwise\" or a table "
+                    "{ kind = \"tolerance\", max_abs_diff = <finite float> }"
+                )
+            return {"kind": "bitwise"}
+        return value
 
     @field_validator("cases", mode="before")
     @classmethod

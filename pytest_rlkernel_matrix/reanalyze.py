@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.cells import Cases, Cell
 from pytest_rlkernel_matrix.report import (
     CELL_RUN_FILE,
     REPORT_FILE,
@@ -20,6 +21,7 @@ from pytest_rlkernel_matrix.report import (
     cell_from_dict,
     write_json_atomic,
 )
+from pytest_rlkernel_matrix.terms import CASES, MODULES
 
 
 def _gaps(matrix_file: str | None, hardware: str) -> tuple[Any, ...]:
@@ -34,43 +36,91 @@ def _gaps(matrix_file: str | None, hardware: str) -> tuple[Any, ...]:
     return profile.expect_unsupported if profile else ()
 
 
+def _read_old_report(path: Path, notes: list[str]) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        notes.append(f"{path.name} was unreadable ({type(exc).__name__}: {str(exc)[:200]}): "
+                     "rebuilt from the cell directories")
+        return {}
+    if not isinstance(old, dict) or not isinstance(old.get("cells", []), list):
+        notes.append(f"{path.name} was not a report object: rebuilt from the cell directories")
+        return {}
+    return old
+
+
+def _cell_from_dir(run_dir: Path) -> Cell:
+    """The cell a run directory names (`<hardware>/<module>-<case>`), for an unreadable record."""
+    module, _, case = run_dir.name.rpartition("-")
+    case = f"{case[:1]}/{case[1:]}".upper()
+    if module not in MODULES or case not in CASES:
+        module, case = run_dir.name, "?"
+    cases = {m: (case if m == module else "R/R") for m in MODULES}
+    return Cell(run_dir.parent.name, module, case,
+                Cases(cases["attention"], cases["ffn"], cases["logp"]))
+
+
 def reanalyze(root: Path, output: Path | None = None) -> Path:
-    """Rewrite `<root>/matrix-report.json` (or `output`) from the artifacts under `root`."""
+    """Rewrite `<root>/matrix-report.json` (or `output`) from the artifacts under `root`.
+
+    A corrupt `matrix-report.json` is rebuilt from the cell directories; a corrupt
+    `cell-run.json` makes that cell an `error` record naming the file, never an exception.
+    """
     old_path = root / REPORT_FILE
-    old: dict[str, Any] = json.loads(old_path.read_text()) if old_path.exists() else {}
-    matrix = old.get("matrix", {})
+    notes: list[str] = []
+    old = _read_old_report(old_path, notes)
+    matrix = old.get("matrix", {}) if isinstance(old.get("matrix"), dict) else {}
     cache: dict[str, dict[str, Any]] = {}
 
-    def analyzed(rel: str, hardware: str) -> dict[str, Any]:
+    def analyzed(rel: str, hardware: str, cell: Cell, mode: str) -> dict[str, Any]:
         if rel not in cache:
-            cache[rel] = analyze_run(root / rel, gaps=_gaps(matrix.get("file"), hardware))
+            cache[rel] = analyze_run(root / rel, gaps=_gaps(matrix.get("file"), hardware),
+                                     cell=cell, mode=mode, artifact_dir=rel)
         return cache[rel]
 
     records: list[dict[str, Any]] = []
     if old.get("cells"):
         for cell_data in old["cells"]:
+            try:
+                cell = cell_from_dict(cell_data)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                notes.append(f"{REPORT_FILE}: a cell entry is unusable ({exc!r}): dropped")
+                continue
             rel = cell_data.get("artifact_dir")
             if not rel or not (root / rel / CELL_RUN_FILE).exists():
                 records.append(cell_data)  # not run / refused: nothing on disk to re-read
                 continue
-            record = alias_record(analyzed(rel, cell_data["hardware"]), cell_from_dict(cell_data))
+            record = alias_record(
+                analyzed(rel, cell.hardware, cell, str(cell_data.get("mode"))), cell)
             record["shared_with"] = cell_data.get("shared_with", [])
             records.append(record)
     else:
         for meta_path in sorted(root.glob(f"*/*/{CELL_RUN_FILE}")):
             rel = str(meta_path.parent.relative_to(root))
-            records.append(analyzed(rel, meta_path.parent.parent.name))
+            cell = _cell_from_dir(meta_path.parent)
+            records.append(analyzed(rel, meta_path.parent.parent.name, cell,
+                                    str(matrix.get("mode", "?"))))
+    expected = old.get("expected_cells", len(records))
     report = build_report(
-        records, matrix=matrix, matrix_root=root, preflight=old.get("preflight"),
+        records, matrix=matrix, matrix_root=root,
+        preflight=old.get("preflight") if isinstance(old.get("preflight"), dict) else None,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
-        expected_cells=int(old.get("expected_cells", len(records))),
+        expected_cells=expected if isinstance(expected, int) else len(records),
         interrupted=bool(old.get("interrupted", False)),
     )
+    if notes:
+        report["reanalysis_notes"] = notes
     target = output or old_path
     write_json_atomic(target, report)
     from pytest_rlkernel_matrix.html import HTML_FILE, write_html
 
     pre = root / "preflight.json"
-    write_html(report, target.with_name(HTML_FILE),
-               json.loads(pre.read_text()) if pre.exists() else None)
+    try:
+        pre_data = json.loads(pre.read_text()) if pre.exists() else None
+    except (OSError, ValueError, RecursionError):
+        pre_data = None
+    write_html(report, target.with_name(HTML_FILE), pre_data)
     return target
+

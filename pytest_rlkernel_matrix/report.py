@@ -7,6 +7,7 @@ on a run directory (its `cell-run.json` plus the artifacts), so re-analysis repr
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections import Counter
@@ -20,9 +21,9 @@ from pytest_rlkernel_matrix.contamination import read_measurement
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
-from pytest_rlkernel_matrix.stats import Policy
+from pytest_rlkernel_matrix.stats import Policy as PerformancePolicy
 from pytest_rlkernel_matrix.terms import MODULES
-from pytest_rlkernel_matrix.verdict import Decision, contract_id, decide
+from pytest_rlkernel_matrix.verdict import Decision, Policy, contract_id, decide
 
 REPORT_SCHEMA = "rlk-matrix.report.v1"
 CELL_RUN_FILE = "cell-run.json"
@@ -35,13 +36,38 @@ METRIC_FIELDS = (
 )
 
 
+def json_safe(value: Any, _depth: int = 0) -> Any:
+    """`value` with every non-finite float replaced by None (strict JSON has no NaN/Infinity).
+
+    numpy scalars become Python numbers first; what json cannot encode becomes its `str`.
+    """
+    if _depth > 200:
+        return str(value)[:200]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, _depth + 1) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 1) == 0:
+        try:
+            return json_safe(item(), _depth + 1)
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temp file in the same directory and `os.replace`."""
+    """Write strict JSON (no NaN/Infinity) via a temp file in the same directory + `os.replace`."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
+            fh.write(text)
             fh.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -102,29 +128,71 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     return out
 
 
+def read_cell_run(run_dir: Path) -> dict[str, Any]:
+    """`cell-run.json` as a dict; `ValueError` naming the file and key when it is unusable."""
+    from pytest_rlkernel_matrix.safeio import MAX_JSON_BYTES, Refused, read_bytes
+
+    path = run_dir / CELL_RUN_FILE
+    try:
+        meta = json.loads(read_bytes(path, run_dir, MAX_JSON_BYTES).decode("utf-8"))
+    except (Refused, OSError, ValueError, RecursionError) as exc:
+        raise ValueError(f"{path}: unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    for key, kind in (("cell", dict), ("run", dict), ("mode", str)):
+        if not isinstance(meta.get(key), kind):
+            raise ValueError(f"{path}: key {key!r} missing or not a {kind.__name__}")
+    return meta
+
+
+def error_record(cell: Cell, mode: str, reason: str, artifact_dir: str | None) -> dict[str, Any]:
+    """A cell whose run directory cannot be analysed: `error`, failed, with the reason."""
+    record = not_run_record(cell, mode, reason, "error")
+    record.update(failed=True, artifact_dir=artifact_dir)
+    return record
+
+
 def analyze_run(
     run_dir: Path,
     *,
     gaps: Sequence[ExpectedGap] = (),
     fingerprints: Mapping[str, str] | None = None,
+    cell: Cell | None = None,
+    mode: str | None = None,
+    artifact_dir: str | None = None,
 ) -> dict[str, Any]:
-    """One record for the run in `run_dir` (labelled with the cell that ran it)."""
-    meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
-    cell = cell_from_dict(meta["cell"])
-    run = RunResult(**meta["run"])
-    mode = str(meta["mode"])
-    ev = read_evidence(run_dir)
-    decision = decide(cell, mode=mode, run=run, ev=ev, env=meta.get("env", {}), gaps=gaps,
-                      warmup=int(meta.get("warmup", 0)),
-                      blockers=[tuple(b) for b in meta.get("preflight_blockers", [])])
-    # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the gap
-    # for runs recorded without them.
-    fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
-    record = build_record(cell, meta, run, ev, decision, fps)
-    scheduler = meta.get("scheduler")
-    if scheduler is not None:
-        _judge_node(record, cell, scheduler, fps)
-    return record
+    """One record for the run in `run_dir` (labelled with the cell that ran it).
+
+    Never raises for bad artifacts: an unusable `cell-run.json` (or an analysis failure) is an
+    `error` record for `cell` (the caller's, since the file cannot say) with the reason.
+    """
+    try:
+        meta = read_cell_run(run_dir)
+        run_cell = cell_from_dict(meta["cell"])
+        run = RunResult(**meta["run"])
+    except (ValueError, TypeError, KeyError) as exc:
+        if cell is None:
+            raise
+        return error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir)
+    try:
+        ev = read_evidence(run_dir)
+        decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
+                          env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
+                          gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
+                          blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
+                          policy=Policy.from_meta(meta))
+        # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
+        # gap for runs recorded without them.
+        fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
+        record = build_record(run_cell, meta, run, ev, decision, fps)
+        scheduler = meta.get("scheduler")
+        if isinstance(scheduler, dict):
+            _judge_node(record, run_cell, scheduler, fps)
+        return record
+    except Exception as exc:  # a bug or a shape no reader foresaw: this cell is an error
+        return error_record(cell or run_cell, str(meta["mode"]),
+                            f"analysis failed: {type(exc).__name__}: {str(exc)[:300]}",
+                            meta.get("artifact_dir") or artifact_dir)
 
 
 def _judge_node(record: dict[str, Any], cell: Cell, scheduler: Mapping[str, Any],
@@ -214,6 +282,7 @@ def build_record(
         **_route_fields(cell, ev),
         "contract_id": contract_id(ev),
         "contract": decision.contract,
+        "contract_judged": decision.contract.get("kind") in ("bitwise", "tolerance"),
         "build_fingerprint": fingerprints.get("build_fingerprint"),
         "hardware_fingerprint": fingerprints.get("hardware_fingerprint"),
         "fallbacks": ev.fallbacks + [
@@ -235,7 +304,8 @@ def build_record(
         "log_errors": ev.log.errors,
         "contamination": ev.log.contamination,
         "contamination_measured": read_measurement(ev.root),
-        "performance_policy": Policy.from_mapping(meta.get("performance_policy")).as_dict(),
+        "performance_policy": PerformancePolicy.from_mapping(
+            meta.get("performance_policy")).as_dict(),
         "fault_drill": (ev.manifest or {}).get("fault_drill"),
         "worst_tokens": metrics.get("worst_tokens", []),
         "first_mismatch": metrics.get("first_mismatch", []),

@@ -344,6 +344,7 @@ class MatrixSession:
             "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
             "fingerprints": fingerprints,
             "preflight_blockers": blockers,
+            "policy": self.policy(cell),
         }
         if scheduler is not None:
             meta["scheduler"] = scheduler
@@ -352,9 +353,19 @@ class MatrixSession:
         write_json_atomic(run_dir / RECORD_CACHE, record)
         return record
 
+    def policy(self, cell: Cell) -> dict[str, Any]:
+        """How the matrix file says to judge `cell` (frozen into cell-run.json for re-analysis)."""
+        m = self.matrix.matrix
+        contract = m.baseline_contract
+        return {"baseline_contract": None if contract is None else contract.as_dict(),
+                "min_samples_per_rank": m.min_samples_per_rank,
+                "min_active_tokens": m.min_active_tokens,
+                "backend": self.matrix.hardware[cell.hardware].backend}
+
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:
         gaps = self.matrix.hardware[cell.hardware].expect_unsupported
-        return analyze_run(run_dir, gaps=gaps)
+        return analyze_run(run_dir, gaps=gaps, fingerprints=self.fingerprints, cell=cell,
+                           artifact_dir=str(run_dir.relative_to(self.root)))
 
     def _label(self, record: dict[str, Any], cell: Cell) -> dict[str, Any]:
         out = alias_record(record, cell)

@@ -2,7 +2,8 @@
 RL-Kernel-format artifacts, with one planted fault chosen by `FAKE_SCENARIO`.
 
 Scenarios: clean (default), silent_fallback, recorded_fallback, unsupported, contract_mismatch,
-stale_weight, crash, hang, nan, missing_readback, build_failure, no_perf, profiler, slow.
+stale_weight, crash, hang, nan, missing_readback, build_failure, no_perf, profiler, slow,
+no_contract (no operator declares an arithmetic_contract).
 `FAKE_STEP_TIMES` / `FAKE_BUSY_SECONDS`: measured step times to print and seconds to stay alive.
 `FAKE_ONLY_WHEN=<cases key>` (e.g. `A-RR_F-RR_L-RR`) plants the fault in that run only.
 A P side adds a deterministic drift to that side's logprobs, so P cells drift and R/R does not.
@@ -129,7 +130,7 @@ def main() -> int:
                     "execution": {"runtime_platform": "cpu", "tp_world_size": 1,
                                   "cp_world_size": 1},
                 }
-                if impl == "rl_kernel":
+                if impl == "rl_kernel" and scenario != "no_contract":
                     prov["arithmetic_contract"] = "bitwise"
                     prov["contract_version"] = "fake.bitwise.v1"
                 operators[m] = {"framework": fw, "target": side, "module": m,

@@ -153,7 +153,7 @@ def test_full_pairwise_run_report_and_dedup(pytester: pytest.Pytester, make_matr
                                                                   "cpu/logp-rr"]
     assert len({c["run_id"] for c in report["cells"]}) == 10
     rr = _cell(report, "attention", "R/R")
-    assert rr["mismatch_count"] == 0 and rr["contract"] == {"kind": "bitwise"}
+    assert rr["mismatch_count"] == 0 and rr["contract"]["kind"] == "bitwise"
     pr = _cell(report, "attention", "P/R")
     assert pr["mismatch_count"] > 0 and pr["actual_training_implementation"] == "production"
     assert pr["actual_rollout_implementation"] == "rl_kernel"
@@ -234,6 +234,13 @@ def test_strict_baseline_gate(pytester: pytest.Pytester, make_matrix, tmp_path: 
     audit = pytester.runpytest("--rlk-mode=audit", "-m", "rlk_baseline",
                                f"--rlk-matrix-root={tmp_path / 'c'}")
     assert audit.ret == 0
+    # an all-R baseline with no contract from any source is never passed by strict
+    make_matrix(env={"FAKE_SCENARIO": "no_contract"})
+    unjudged = pytester.runpytest("--rlk-mode=strict", "-m", "rlk_baseline",
+                                  f"--rlk-matrix-root={tmp_path / 'd'}")
+    assert unjudged.ret == 1 and _outcomes(unjudged)["contract_mismatch"] == 3
+    unjudged.stdout.fnmatch_lines(["    no contract: not judged: neither the logp provider nor "
+                                   "matrix.toml (baseline_contract) declares*"])
 
 
 def test_off_mode_runs_only_native_cells(pytester: pytest.Pytester, make_matrix,
