@@ -18,6 +18,7 @@ from pytest_rlkernel_matrix.attribution import attribute
 from pytest_rlkernel_matrix.cells import Cases, Cell
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.matrix import ExpectedGap
+from pytest_rlkernel_matrix.redact import Scrubber
 from pytest_rlkernel_matrix.runner import RunResult
 from pytest_rlkernel_matrix.terms import MODULES
 from pytest_rlkernel_matrix.verdict import Decision, contract_id, decide
@@ -33,29 +34,42 @@ METRIC_FIELDS = (
 )
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temp file in the same directory and `os.replace`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def file_mode() -> int:
+    """The mode a plain `open(path, "w")` would give a new file: 0o666 less the umask.
+
+    Read from /proc/self/status (Linux >= 4.7) so the process-wide umask is never changed;
+    elsewhere `os.umask` is set and restored at once.
+    """
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and `os.replace`, with the mode every other
+    file gets (0644 under the usual umask 022; `mkstemp` alone would leave 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON atomically (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def cell_from_dict(data: Mapping[str, Any]) -> Cell:
@@ -105,8 +119,13 @@ def analyze_run(
     *,
     gaps: Sequence[ExpectedGap] = (),
     fingerprints: Mapping[str, str] | None = None,
+    scrubber: Scrubber | None = None,
 ) -> dict[str, Any]:
-    """One record for the run in `run_dir` (labelled with the cell that ran it)."""
+    """One record for the run in `run_dir` (labelled with the cell that ran it).
+
+    Every string in it is scrubbed of secret values (`redact`): the session passes the scrubber
+    that knows the cell's secrets; without one, the secrets of this process's environment.
+    """
     meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
     cell = cell_from_dict(meta["cell"])
     run = RunResult(**meta["run"])
@@ -115,7 +134,9 @@ def analyze_run(
     decision = decide(cell, mode=mode, run=run, ev=ev, env=meta.get("env", {}), gaps=gaps,
                       warmup=int(meta.get("warmup", 0)),
                       blockers=[tuple(b) for b in meta.get("preflight_blockers", [])])
-    return build_record(cell, meta, run, ev, decision, fingerprints or meta.get("fingerprints", {}))
+    record = build_record(cell, meta, run, ev, decision,
+                          fingerprints or meta.get("fingerprints", {}))
+    return (scrubber or Scrubber.from_env(os.environ)).obj(record)
 
 
 def build_record(

@@ -4,7 +4,8 @@ The controller owns `preflight.json` and `matrix-report.json`; xdist workers run
 records back on their test reports. Cells with equal effective cases share one run: the first
 process to take the run's lock runs it in the run's directory, later ones reuse its record.
 Locks are `fcntl.flock` (stdlib; the GPU stacks this drives run on Linux only, so `filelock`'s
-portability would buy nothing).
+portability would buy nothing). Every string the session writes (records, `cell-run.json`,
+`matrix-case.env`, the report) goes through the session's `redact.Scrubber`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,21 @@ import fcntl
 import json
 import os
 import shlex
+import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix import procs
 from pytest_rlkernel_matrix.cells import Cell, canonical_cells
 from pytest_rlkernel_matrix.matrix import MatrixFile
+from pytest_rlkernel_matrix.redact import Scrubber
 from pytest_rlkernel_matrix.report import (
     CELL_RUN_FILE,
     REPORT_FILE,
@@ -33,9 +38,11 @@ from pytest_rlkernel_matrix.report import (
     cell_to_dict,
     not_run_record,
     write_json_atomic,
+    write_text_atomic,
 )
 from pytest_rlkernel_matrix.runner import (
     ARTIFACT_SUBDIRS,
+    REDACTED,
     RunResult,
     cell_env,
     contract_env,
@@ -97,6 +104,20 @@ class MatrixSession:
     interrupted: bool = False
     progress: Callable[[Cell, float, str], None] | None = None
     progress_every: float = 30.0
+    scrubber: Scrubber = field(default_factory=Scrubber)
+
+    def __post_init__(self) -> None:
+        # Secret values this session can see: its environment, the matrix file's env tables and
+        # the command; `pytest_rlk_cell_env` additions join per cell.
+        runner = self.matrix.runner
+        self.scrubber.add_env(os.environ, runner.command)
+        self.scrubber.add_env(runner.env)
+        for profile in self.matrix.hardware.values():
+            self.scrubber.add_env(profile.env)
+
+    def write_json(self, path: Path, data: Any) -> None:
+        """Every JSON file the session writes: scrubbed of secret values, written atomically."""
+        write_json_atomic(path, self.scrubber.obj(data))
 
     # -- layout ---------------------------------------------------------------------------------
     def set_selected(self, cells: Sequence[Cell]) -> None:
@@ -115,8 +136,10 @@ class MatrixSession:
     # -- environment ----------------------------------------------------------------------------
     def run_id(self, cell: Cell) -> str:
         owner = self.canonical.get(cell.run_key, cell)
-        stamp = self.created.replace("-", "").replace(":", "").split("+")[0]
-        return f"{owner.hardware}-{owner.slug}-{stamp}Z-{self.token[:8]}"
+        return f"{owner.hardware}-{owner.slug}-{self._stamp()}Z-{self.token[:8]}"
+
+    def _stamp(self) -> str:
+        return self.created.replace("-", "").replace(":", "").split("+")[0]
 
     def command_cwd(self) -> Path:
         cwd = self.matrix.runner.cwd
@@ -149,12 +172,12 @@ class MatrixSession:
             out.append(f"# {', '.join(names)}  (mode {mode})")
             out.append(f"cd {shlex.quote(str(self.command_cwd()))} && env \\")
             for key in sorted(recorded):
-                value = "<redacted>" if is_secret(key) else recorded[key]
+                value = REDACTED if is_secret(key) else recorded[key]
                 out.append(f"  {key}={shlex.quote(value)} \\")
             out.append(f"  bash -c {shlex.quote(shown)}" if isinstance(command, str)
                        else f"  {shown}")
             out.append("")
-        return "\n".join(out)
+        return self.scrubber.text("\n".join(out))
 
     # -- running --------------------------------------------------------------------------------
     def run_cell(self, cell: Cell, *, mode: str, env_hook: Any = None) -> dict[str, Any]:
@@ -214,11 +237,13 @@ class MatrixSession:
             env_hook(cell=cell, env=extra)
             env.update(extra)
             recorded.update(extra)
+            self.scrubber.add_env(extra)
         command = self.matrix.runner.command
         cwd = self.command_cwd()
-        (run_dir / "matrix-case.env").write_text(render_case_env(recorded, command, cwd))
+        write_text_atomic(run_dir / "matrix-case.env",
+                          render_case_env(recorded, command, cwd, self.scrubber))
         if blockers:
-            write_json_atomic(run_dir / "capability-decision.json", {
+            self.write_json(run_dir / "capability-decision.json", {
                 "mode": mode, "blockers": blockers,
                 "decision": "not started (strict: fail closed before launch)" if mode == "strict"
                 else "started: the requested path may not run; evidence decides",
@@ -236,13 +261,18 @@ class MatrixSession:
             if report_progress is not None:
                 report_progress(cell, elapsed, line)
 
-        result = run_cell_command(command, cwd=cwd, env=env, timeout=self.matrix.runner.timeout,
+        runner = self.matrix.runner
+        result = run_cell_command(command, cwd=cwd, env=env, timeout=runner.timeout,
                                   artifact_dir=run_dir, progress=progress,
-                                  progress_every=self.progress_every)
-        record = self._finish(cell, mode, run_dir, result, recorded, blockers)
-        if result.interrupted:
-            raise KeyboardInterrupt
-        return record
+                                  progress_every=self.progress_every,
+                                  kill_grace=runner.kill_grace, raise_on_interrupt=False,
+                                  session_tag=self.token)
+        if not result.interrupted:
+            return self._finish(cell, mode, run_dir, result, recorded, blockers)
+        # Ctrl-C / SIGTERM: record the cell (verdict error, "interrupted"), then stop the session.
+        with procs.STOP.cleaning_up():
+            self._finish(cell, mode, run_dir, result, recorded, blockers)
+        raise KeyboardInterrupt
 
     def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,
                 recorded: Mapping[str, str], blockers: list[list[str]]) -> dict[str, Any]:
@@ -255,23 +285,82 @@ class MatrixSession:
             "run": result.as_dict(),
             "timeout": self.matrix.runner.timeout,
             "warmup": self.matrix.runner.warmup,
-            "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
+            "env": {k: (REDACTED if is_secret(k) else v) for k, v in recorded.items()},
             "fingerprints": self.fingerprints,
             "preflight_blockers": blockers,
         }
-        write_json_atomic(run_dir / CELL_RUN_FILE, meta)
+        self.write_json(run_dir / CELL_RUN_FILE, meta)
         record = self._analyze(run_dir, cell)
-        write_json_atomic(run_dir / RECORD_CACHE, record)
+        self.write_json(run_dir / RECORD_CACHE, record)
         return record
 
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:
         gaps = self.matrix.hardware[cell.hardware].expect_unsupported
-        return analyze_run(run_dir, gaps=gaps, fingerprints=self.fingerprints)
+        return analyze_run(run_dir, gaps=gaps, fingerprints=self.fingerprints,
+                           scrubber=self.scrubber)
 
     def _label(self, record: dict[str, Any], cell: Cell) -> dict[str, Any]:
         out = alias_record(record, cell)
         out["shared_with"] = self.shared_with(cell)
         return out
+
+    # -- stopping -------------------------------------------------------------------------------
+    def stop_everything(self) -> list[int]:
+        """Controller, at session end: no cell process outlives pytest.
+
+        xdist workers of this session get SIGTERM (each stops its own cell and records it as
+        interrupted) and some time to do so; then whatever process of any cell of this session is
+        still alive (a worker died, a cell outlived its worker) is stopped. Returns those pids.
+        """
+        grace = self.matrix.runner.kill_grace
+        with procs.STOP.cleaning_up():
+            workers = procs.session_workers(self.token) if self.interrupted else []
+            for pid in workers:
+                with suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace + 10
+            while workers and procs.alive(workers) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return procs.sweep(self.token, grace)
+
+    def recover_records(self) -> None:
+        """Controller, at session end: records of runs that never reached a test report.
+
+        An interrupted cell raises KeyboardInterrupt after writing its record to disk, and a
+        worker that died leaves its run directory behind without one: both become records here
+        (the latter an `error`, "interrupted"), so the report lists every cell that ran. Only
+        directories this session wrote count (their `RL_KERNEL_RUN_ID` carries its token).
+        """
+        from pytest_rlkernel_matrix.cells import expand
+
+        have = {r.get("run_key") for r in self.records.values()}
+        by_dir = {(c.hardware, c.slug): c for c in expand(self.matrix.matrix, self.hardware,
+                                                          self.layout, self.mode)}
+        for case_env in sorted(self.root.glob("*/*/matrix-case.env")):
+            run_dir = case_env.parent
+            cell = by_dir.get((run_dir.parent.name, run_dir.name))
+            if cell is None or cell.run_key in have:
+                continue
+            run_id = f"{cell.hardware}-{cell.slug}-{self._stamp()}Z-{self.token[:8]}"
+            try:
+                ours = f"RL_KERNEL_RUN_ID={run_id}\n" in case_env.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                ours = False
+            if not ours:
+                continue
+            record: dict[str, Any]
+            try:
+                cached = run_dir / RECORD_CACHE
+                record = (json.loads(cached.read_text(encoding="utf-8")) if cached.exists()
+                          else self._analyze(run_dir, cell))
+            except (OSError, ValueError, KeyError):
+                record = not_run_record(
+                    cell, self.mode, "interrupted: the session stopped before this cell's run "
+                    "was recorded (its processes were killed)", "error")
+                record.update(artifact_dir=str(run_dir.relative_to(self.root)), failed=True,
+                              run_id=run_id)
+            have.add(cell.run_key)
+            self.add_record(cell.id, self._label(self.scrubber.obj(record), cell))
 
     # -- report ---------------------------------------------------------------------------------
     def add_record(self, nodeid: str, record: dict[str, Any]) -> None:
@@ -293,8 +382,9 @@ class MatrixSession:
             interrupted=self.interrupted,
         )
         path = self.root / REPORT_FILE
+        report = self.scrubber.obj(report)
         write_json_atomic(path, report)
         from pytest_rlkernel_matrix.html import HTML_FILE, write_html
 
-        write_html(report, self.root / HTML_FILE, self.preflight)
+        write_html(report, self.root / HTML_FILE, self.scrubber.obj(self.preflight))
         return path
