@@ -229,6 +229,13 @@ def sweep(session_tag: str, grace: float) -> list[int]:
     return terminate(Family(None, f"{session_tag}:"), grace)
 
 
+def session_processes(session_tag: str) -> list[int]:
+    """Live processes of any cell of the session `session_tag` (and their descendants)."""
+    if not available() or not session_tag:
+        return []
+    return sorted(p for p, i in Family(None, f"{session_tag}:").members().items() if not i.dead)
+
+
 def session_workers(session_tag: str) -> list[int]:
     """This process's children that carry `PYTEST_RLK_SESSION=<session_tag>` (xdist workers)."""
     me = os.getpid()

@@ -309,8 +309,10 @@ class MatrixSession:
         """Controller, at session end: no cell process outlives pytest.
 
         xdist workers of this session get SIGTERM (each stops its own cell and records it as
-        interrupted) and some time to do so; then whatever process of any cell of this session is
-        still alive (a worker died, a cell outlived its worker) is stopped. Returns those pids.
+        interrupted) and some time to do so: until they exit, or no cell process of this session
+        is left and every run directory it started holds its record. Then whatever process of
+        any cell of this session is still alive (a worker died, a cell outlived its worker) is
+        stopped here. Returns those pids.
         """
         grace = self.matrix.runner.kill_grace
         with procs.STOP.cleaning_up():
@@ -319,9 +321,33 @@ class MatrixSession:
                 with suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace + 10
-            while workers and procs.alive(workers) and time.monotonic() < deadline:
+            while workers and time.monotonic() < deadline:
+                if not procs.alive(workers) or (
+                    not procs.session_processes(self.token)
+                    and all((d / RECORD_CACHE).exists() for _, d, _ in self._own_runs())
+                ):
+                    break
                 time.sleep(0.05)
             return procs.sweep(self.token, grace)
+
+    def _own_runs(self) -> Iterator[tuple[Cell, Path, str]]:
+        """(cell, run directory, run id) of every run this session started, from the disk."""
+        from pytest_rlkernel_matrix.cells import expand
+
+        by_dir = {(c.hardware, c.slug): c for c in expand(self.matrix.matrix, self.hardware,
+                                                          self.layout, self.mode)}
+        for case_env in sorted(self.root.glob("*/*/matrix-case.env")):
+            run_dir = case_env.parent
+            cell = by_dir.get((run_dir.parent.name, run_dir.name))
+            if cell is None:
+                continue
+            run_id = f"{cell.hardware}-{cell.slug}-{self._stamp()}Z-{self.token[:8]}"
+            try:
+                ours = f"RL_KERNEL_RUN_ID={run_id}\n" in case_env.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                ours = False
+            if ours:
+                yield cell, run_dir, run_id
 
     def recover_records(self) -> None:
         """Controller, at session end: records of runs that never reached a test report.
@@ -331,22 +357,9 @@ class MatrixSession:
         (the latter an `error`, "interrupted"), so the report lists every cell that ran. Only
         directories this session wrote count (their `RL_KERNEL_RUN_ID` carries its token).
         """
-        from pytest_rlkernel_matrix.cells import expand
-
         have = {r.get("run_key") for r in self.records.values()}
-        by_dir = {(c.hardware, c.slug): c for c in expand(self.matrix.matrix, self.hardware,
-                                                          self.layout, self.mode)}
-        for case_env in sorted(self.root.glob("*/*/matrix-case.env")):
-            run_dir = case_env.parent
-            cell = by_dir.get((run_dir.parent.name, run_dir.name))
-            if cell is None or cell.run_key in have:
-                continue
-            run_id = f"{cell.hardware}-{cell.slug}-{self._stamp()}Z-{self.token[:8]}"
-            try:
-                ours = f"RL_KERNEL_RUN_ID={run_id}\n" in case_env.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                ours = False
-            if not ours:
+        for cell, run_dir, run_id in self._own_runs():
+            if cell.run_key in have:
                 continue
             record: dict[str, Any]
             try:
