@@ -149,9 +149,10 @@ def test_signal_to_pytest_stops_the_cell_and_records_it(
     assert "[rlk-matrix] interrupted: killed process group" in run_log, run_log
 
 
-def test_one_session_per_matrix_root(pytester: pytest.Pytester, make_matrix,
-                                     tmp_path: Path) -> None:
+def test_one_session_per_matrix_root(pytester: pytest.Pytester, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import FAKE
+    from pytest_rlkernel_matrix import cli
 
     release = tmp_path / "release"
     pytester.makefile(".toml", matrix=(
@@ -171,6 +172,7 @@ def test_one_session_per_matrix_root(pytester: pytest.Pytester, make_matrix,
             assert time.monotonic() < deadline and first.poll() is None, "first session stalled"
             time.sleep(0.05)
         second = pytester.runpytest_subprocess(f"--rlk-matrix-root={root}", "-k", "R/R")
+        rewrite = cli.main(["report", str(root)])  # never rewrites a report under a session
         release.touch()
         first_out = first.communicate(timeout=120)[0].decode(errors="replace")
     finally:
@@ -181,5 +183,7 @@ def test_one_session_per_matrix_root(pytester: pytest.Pytester, make_matrix,
     assert second.ret == pytest.ExitCode.USAGE_ERROR
     second.stderr.fnmatch_lines([f"*matrix root {root} is in use by another session: pid "
                                  f"{first.pid} on * since *"])
+    assert rewrite == 2
+    assert f"is in use by another session: pid {first.pid}" in capsys.readouterr().err
     assert first.returncode == 0, first_out
     assert _report(root)["summary"] == {"valid": 1}
