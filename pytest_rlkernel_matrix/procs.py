@@ -9,14 +9,18 @@ from a scan of `/proc` (Linux):
 2. every process whose environment carries the cell's marker variable (`PYTEST_RLK_PROC`, set by
    the runner and inherited by everything the job starts, also across `setsid()` and
    double-forks that reparent to init);
-3. every process that became a child of the runner while the cell ran: the runner is a child
-   subreaper (`prctl(PR_SET_CHILD_SUBREAPER)`) for that time, so orphans of the cell reparent to
-   it instead of init;
+3. every process that became a child of the runner while the cell ran and carries no other
+   cell's marker: the runner is a child subreaper (`prctl(PR_SET_CHILD_SUBREAPER)`) for that
+   time, so orphans of the cell reparent to it instead of init, even those that cleared their
+   environment;
 4. all descendants of the above (parent-pid links).
 
 Stopping sends SIGTERM to every member (and its group), waits up to a grace period, then
 SIGKILLs whatever is left, rescanning each round (a member may fork while dying), and reaps the
 runner's own zombie children.
+
+Cells run concurrently from one process (threads) are told apart by their markers; an orphan
+that cleared its environment cannot be attributed and goes with the first cell that finishes.
 
 Not covered: processes the job asks another service to start (`systemd-run`, `docker run`, an
 `ssh`/`srun` to another node), processes in another PID namespace, processes running as another
@@ -30,15 +34,17 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PROC = "/proc"
 MARKER_VAR = "PYTEST_RLK_PROC"
 SESSION_VAR = "PYTEST_RLK_SESSION"
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 @dataclass(frozen=True)
@@ -82,22 +88,54 @@ def snapshot() -> dict[int, ProcInfo]:
     return out
 
 
-def environ_has(pid: int, entry: bytes) -> bool:
-    """Does process `pid`'s initial environment hold `entry` (`NAME=value` or a prefix)?"""
+def _environ(pid: int) -> bytes | None:
     try:
         with open(f"{PROC}/{pid}/environ", "rb") as fh:
-            data = fh.read()
+            return b"\0" + fh.read()
     except OSError:
-        return False
-    return (b"\0" + data).find(b"\0" + entry) >= 0
+        return None
+
+
+def environ_has(pid: int, entry: bytes) -> bool:
+    """Does process `pid`'s initial environment hold `entry` (`NAME=value` or a prefix)?"""
+    data = _environ(pid)
+    return data is not None and data.find(b"\0" + entry) >= 0
+
+
+def _prctl(option: int, value: int) -> int | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if option == _PR_GET_CHILD_SUBREAPER:
+            out = ctypes.c_int(0)
+            ok = libc.prctl(option, ctypes.byref(out), 0, 0, 0) == 0
+            return int(out.value) if ok else None
+        return 0 if libc.prctl(option, value, 0, 0, 0) == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+_reaper_lock = threading.Lock()
+_reaper_users = 0
+_reaper_was_on = False
 
 
 def set_subreaper(on: bool) -> bool:
-    """Make this process a child subreaper (Linux >= 3.4); False where that is unavailable."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
+    """Hold (True) or release (False) child-subreaper status (Linux >= 3.4), counted so that
+    concurrent cells in one process share it and a process that already was a subreaper stays
+    one. Returns whether this process is a subreaper (False where prctl is unavailable)."""
+    global _reaper_users, _reaper_was_on
+    with _reaper_lock:
+        if on:
+            if _reaper_users == 0:
+                _reaper_was_on = _prctl(_PR_GET_CHILD_SUBREAPER, 0) == 1
+                if not _reaper_was_on and _prctl(_PR_SET_CHILD_SUBREAPER, 1) is None:
+                    return False
+            _reaper_users += 1
+            return True
+        if _reaper_users > 0:
+            _reaper_users -= 1
+            if _reaper_users == 0 and not _reaper_was_on:
+                _prctl(_PR_SET_CHILD_SUBREAPER, 0)
         return False
 
 
@@ -135,6 +173,7 @@ class Family:
     marker: str | None = None
     preexisting_children: frozenset[int] | None = None
     main_alive: bool = True
+    seen: set[int] = field(default_factory=set)
 
     def members(self, snap: dict[int, ProcInfo] | None = None) -> dict[int, ProcInfo]:
         snap = snapshot() if snap is None else snap
@@ -143,21 +182,33 @@ class Family:
         main = self.main_pid
         if main is not None and self.main_alive:
             roots.add(main)
-        needle = f"{MARKER_VAR}={self.marker}".encode() if self.marker else None
+        ours = b"\0" + f"{MARKER_VAR}={self.marker}".encode() if self.marker else None
+        anyone = f"\0{MARKER_VAR}=".encode()
         for pid, info in snap.items():
             if pid in (me, 1):
                 continue
-            in_group = main is not None and main in (info.pgrp, info.sid)
+            if main is not None and main in (info.pgrp, info.sid):
+                roots.add(pid)
+                continue
+            if info.dead:
+                continue
             orphan = (self.preexisting_children is not None and info.ppid == me
                       and pid not in self.preexisting_children)
-            if in_group or orphan or (
-                needle is not None and not info.dead and environ_has(pid, needle)
-            ):
+            if not orphan and ours is None:
+                continue
+            env = _environ(pid)
+            if ours is not None and env is not None and ours in env:
+                roots.add(pid)
+            elif orphan and (env is None or anyone not in env):
+                # A new child of ours (reparented: we are its subreaper) that carries no cell's
+                # marker: it cleared its environment. Another cell's orphans carry theirs.
                 roots.add(pid)
         found = _descendants(roots, snap)
         found.discard(me)
         found.discard(1)
-        return {pid: snap[pid] for pid in found}
+        out = {pid: snap[pid] for pid in found}
+        self.seen.update(p for p, i in out.items() if not i.dead)
+        return out
 
 
 def _signal(members: dict[int, ProcInfo], sig: int, own_pgrp: int) -> set[int]:
@@ -177,11 +228,16 @@ def _signal(members: dict[int, ProcInfo], sig: int, own_pgrp: int) -> set[int]:
     return sent
 
 
-def reap(pids: Iterable[int], skip: int | None = None) -> None:
-    """Collect exit statuses of our own dead children among `pids` (no zombies left behind)."""
+def reap(family: Family) -> None:
+    """Collect the exit status of our own dead children that belonged to the family (seen alive
+    as members, or still in its process group): no zombies left behind. The main process is left
+    to its `Popen`."""
     me = os.getpid()
+    main = family.main_pid
     for pid, info in snapshot().items():
-        if pid in pids and pid != skip and info.ppid == me and info.dead:
+        if pid == main or info.ppid != me or not info.dead:
+            continue
+        if pid in family.seen or (main is not None and main in (info.pgrp, info.sid)):
             with suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
@@ -201,7 +257,7 @@ def terminate(family: Family, grace: float, hurry: Iterator[bool] | None = None)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             time.sleep(0.05)
-            reap(members, skip=family.main_pid)
+            reap(family)
             members = family.members()
             alive = {p: i for p, i in members.items() if not i.dead}
             if not alive or (hurry is not None and next(hurry)):
@@ -216,8 +272,8 @@ def terminate(family: Family, grace: float, hurry: Iterator[bool] | None = None)
             break
         signalled |= _signal(alive, signal.SIGKILL, own_pgrp)
         time.sleep(0.02)
-        reap(members, skip=family.main_pid)
-    reap(members, skip=family.main_pid)
+        reap(family)
+    reap(family)
     return sorted(signalled)
 
 

@@ -187,3 +187,50 @@ def test_one_session_per_matrix_root(pytester: pytest.Pytester, tmp_path: Path,
     assert f"is in use by another session: pid {first.pid}" in capsys.readouterr().err
     assert first.returncode == 0, first_out
     assert _report(root)["summary"] == {"valid": 1}
+
+
+def test_concurrent_cells_in_one_process_stop_only_their_own(tmp_path: Path) -> None:
+    """`run_cell_command` from two threads (as a launcher may call it): the cell that exits first
+    stops its own leftovers, never the other cell's processes."""
+    import threading
+
+    from pytest_rlkernel_matrix.runner import run_cell_command
+
+    results = {}
+
+    def run(name: str, command: str) -> None:
+        art = tmp_path / name
+        art.mkdir()
+        results[name] = run_cell_command(
+            ["bash", "-c", command], cwd=tmp_path, env={**os.environ, "RL_KERNEL_ARTIFACT_DIR":
+                                                        str(art)},
+            timeout=60, artifact_dir=art, kill_grace=0.5)
+
+    script = tmp_path / "family.sh"
+    script.write_text(FAMILY)
+    script.chmod(0o755)
+    go = tmp_path / "go"
+    # The short cell starts first, so the long cell's main process is a child this process
+    # gains while the short cell runs: only its marker tells them apart.
+    short = threading.Thread(target=run, args=("short", (
+        f'while [ ! -e "{go}" ]; do sleep 0.05; done; {script} exit')))
+    short.start()
+    time.sleep(0.5)
+    long = threading.Thread(target=run, args=("long", (
+        'echo $$ > "$RL_KERNEL_ARTIFACT_DIR/main.pid"; '
+        'while [ ! -e "$RL_KERNEL_ARTIFACT_DIR/stop" ]; do sleep 0.05; done')))
+    long.start()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "long" / "main.pid").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    go.touch()
+    short.join(60)
+    other = int((tmp_path / "long" / "main.pid").read_text())
+    still_running = not _gone(other)
+    (tmp_path / "long" / "stop").touch()
+    long.join(60)
+    _assert_all_gone(_pids(tmp_path / "short", timeout=0))
+    assert still_running, "the other cell's main process was killed"
+    assert results["long"].exit_code == 0 and results["long"].killed_pids == []
+    assert results["short"].exit_code == 0 and len(results["short"].leftover_pids) >= 3
