@@ -279,26 +279,46 @@ def histogram_svg(hist: Mapping[str, Any]) -> str:
 
 
 def phases_svg(record: Mapping[str, Any]) -> str:
-    """Horizontal SVG bars of the phase wall times (rollout, training, weight sync, step)."""
-    values = [(label, _num(record.get(key))) for label, key in PHASES]
-    if all(v is None for _, v in values):
+    """Horizontal SVG bars of the phase wall times (rollout, training, weight sync, step): the
+    bar is the median over measured steps, the whisker spans min to max, `n` is the step count."""
+    spread = _map(record.get("phase_spread"))
+    values = [(label, _num(record.get(key)), _map(spread.get(key))) for label, key in PHASES]
+    if all(v is None for _, v, _ in values):
         return '<p class="empty">no phase times</p>'
-    w, row, left, right = 440, 22, 82, 60
-    peak = max((v for _, v in values if v is not None), default=0.0) or 1.0
+    w, row, left, right = 440, 22, 82, 112
+    tops = [v for _, v, _ in values if v is not None]
+    tops += [m for _, _, s in values if (m := _num(s.get("max"))) is not None]
+    peak = max(tops, default=0.0) or 1.0
+    scale = (w - left - right) / peak
     h = row * len(values) + 6
     parts = [f'<svg class="phases" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
-             'aria-label="phase wall times">']
-    for i, (label, v) in enumerate(values):
+             'aria-label="phase wall times: median bar, min-max whisker, n steps">']
+    for i, (label, v, s) in enumerate(values):
         y = 3 + i * row
         parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{_e(label)}</text>')
         if v is None:
             parts.append(f'<text x="{left}" y="{y + 14}">-</text>')
             continue
-        bw = max((w - left - right) * max(v, 0.0) / peak, 1.0)
+        bw = max(scale * max(v, 0.0), 1.0)
         cls = "bar0" if label == "step" else "bar"
+        lo, hi, n = _num(s.get("min")), _num(s.get("max")), s.get("n")
+        tip = f"{label}: median {_fmt_s(v)}"
+        if lo is not None and hi is not None:
+            tip += f", min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
         parts.append(f'<rect class="{cls}" x="{left}" y="{y + 3}" width="{bw:.1f}" '
-                     f'height="{row - 7}"><title>{_e(label)}: {_e(_fmt_s(v))}</title></rect>')
-        parts.append(f'<text x="{left + bw + 4:.1f}" y="{y + 14}">{_e(_fmt_s(v))}</text>')
+                     f'height="{row - 7}"><title>{_e(tip)}</title></rect>')
+        end = left + bw
+        if lo is not None and hi is not None:
+            x0, x1, mid = left + scale * max(lo, 0.0), left + scale * max(hi, 0.0), y + 3 + (
+                row - 7) / 2
+            end = max(end, x1)
+            parts.append(f'<g class="whisker"><line class="axis" x1="{x0:.1f}" y1="{mid:.1f}" '
+                         f'x2="{x1:.1f}" y2="{mid:.1f}"/>'
+                         f'<line class="axis" x1="{x0:.1f}" y1="{y + 5}" x2="{x0:.1f}" '
+                         f'y2="{y + row - 6}"/><line class="axis" x1="{x1:.1f}" y1="{y + 5}" '
+                         f'x2="{x1:.1f}" y2="{y + row - 6}"/></g>')
+        shown = _fmt_s(v) + (f" n={n}" if isinstance(n, int) else "")
+        parts.append(f'<text x="{end + 4:.1f}" y="{y + 14}">{_e(shown)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -115,14 +115,17 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
                                                matrix.runner.r_provider)
     gpu = data.get("gpu", {})
     seen = f"backend {gpu.get('backend', '?')}, GPUs: {', '.join(gpu.get('names') or []) or 'none'}"
+    remote = matrix.runner.launcher != "local"
     if not names:
         if detected is None:
             raise pytest.UsageError(
                 f"{path}: no [hardware.<name>] profile matches this machine ({seen}); "
-                "add a profile or pass --rlk-hardware with --rlk-plan"
+                + ("with launcher = \"slurm\" the cells run on compute nodes: pass "
+                   "--rlk-hardware=<profile of those nodes>" if remote else
+                   "add a profile or pass --rlk-hardware with --rlk-plan")
             )
         names = [detected]
-    elif not plan:
+    elif not plan and not remote:  # under Slurm each job checks its own node
         foreign = [n for n in names if n != detected]
         if foreign:
             raise pytest.UsageError(
@@ -244,7 +247,8 @@ def _progress_printer(config: pytest.Config) -> Any:
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is None:
             return
-        text = f"[rlk] {cell.id}: {elapsed:.0f} s, run.log: {line[:120]}"
+        shown = line if line.startswith("slurm job ") else f"run.log: {line}"
+        text = f"[rlk] {cell.id}: {elapsed:.0f} s, {shown[:160]}"
         if capman is not None:
             with capman.global_and_fixture_disabled():
                 reporter.write_line(text)
@@ -286,6 +290,14 @@ class MatrixHooks:
             matrix_items = [i for i in items if isinstance(i, MatrixItem)]
             self.config.hook.pytest_deselected(items=matrix_items)
             items[:] = [i for i in items if not isinstance(i, MatrixItem)]
+        elif not self.is_worker and not ms.dry and ms.matrix.runner.launcher == "slurm":
+            # Every selected cell is queued now; each item then waits for its own job.
+            hook = self.config.hook.pytest_rlk_cell_env
+
+            def env_hook(cell: Cell, env: dict[str, str]) -> None:
+                hook(config=self.config, cell=cell, env=env)
+
+            ms.submit_ahead(cells, ms.mode, env_hook)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item) -> Any:
@@ -338,6 +350,10 @@ class MatrixHooks:
 
         for entry in attribute(list(ms.records.values())):
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
+        from pytest_rlkernel_matrix.report import node_fingerprint_groups
+
+        for flag in node_fingerprint_groups(list(ms.records.values()))["flags"]:
+            tr.write_line(f"node fingerprints: {flag}")
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tears its workers down
@@ -350,6 +366,8 @@ class MatrixHooks:
         if ms.dry:
             return
         ms.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+        if ms.pending:  # queued cells no item waited for (-x, interrupt): cancel their jobs
+            ms.launcher.cancel_all("the pytest session ended before their items ran")
         from pytest_rlkernel_matrix import procs
 
         with procs.STOP.cleaning_up():
