@@ -52,10 +52,24 @@ def _report(args: argparse.Namespace) -> int:
     from pytest_rlkernel_matrix.reanalyze import reanalyze
 
     root = Path(args.matrix_root)
-    if not (root / "matrix-report.json").exists() and not any(root.glob("*/*/cell-run.json")):
-        print(f"rlk-matrix: {root} holds no matrix run (no */*/cell-run.json)", file=sys.stderr)
+    from pytest_rlkernel_matrix.rootlock import RootBusy, claim
+
+    empty = f"rlk-matrix: {root} holds no matrix run (no */*/cell-run.json)"
+    if not root.is_dir():
+        print(empty, file=sys.stderr)
         return 2
-    path = reanalyze(root, Path(args.output) if args.output else None)
+    try:
+        lock = claim(root, "rlk-matrix")  # never rewrite a report under a running session
+    except RootBusy as exc:
+        print(f"rlk-matrix: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if not (root / "matrix-report.json").exists() and not any(root.glob("*/*/cell-run.json")):
+            print(empty, file=sys.stderr)
+            return 2
+        path = reanalyze(root, Path(args.output) if args.output else None)
+    finally:
+        lock.release()
     report = json.loads(path.read_text())
     print(f"report: {path}: {report['summary']}")
     return 0

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from pathlib import Path, PurePosixPath
@@ -712,14 +711,7 @@ def write_html(report: Mapping[str, Any], path: Path | str,
         here, there = path.parent.resolve(), Path(root).resolve()
         if here != there:
             prefix = Path(os.path.relpath(there, here)).as_posix()
-    text = render_html(report, preflight, link_prefix=prefix)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from pytest_rlkernel_matrix.report import write_text_atomic
+
+    write_text_atomic(path, render_html(report, preflight, link_prefix=prefix))
     return path

@@ -214,6 +214,11 @@ class RunnerSection(_Strict):
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(default=1800.0, gt=0, description="seconds; the process group is killed")
+    kill_grace: float = Field(
+        default=5.0, gt=0, le=600,
+        description="seconds between SIGTERM and SIGKILL when the cell's processes are stopped "
+        "(timeout, Ctrl-C, SIGTERM, processes left after the main one exited)",
+    )
     r_provider: Literal["auto", "workload", "rl_engine", "external"] = Field(
         default="auto",
         description="whose R kernels the command runs: the built-in workload's, RL-Kernel's "

@@ -148,7 +148,6 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     # Heavy imports (pydantic, numpy) only in sessions that run a matrix.
     from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
-    from pytest_rlkernel_matrix.report import write_json_atomic
     from pytest_rlkernel_matrix.session import MatrixSession, default_root
 
     try:
@@ -171,6 +170,16 @@ def pytest_configure(config: pytest.Config) -> None:
         session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
     else:
         root = default_root(path, config.getoption("rlk_matrix_root"), os.environ)
+        lock = None
+        if not dry:
+            # One session per matrix root, claimed before anything is written or probed.
+            from pytest_rlkernel_matrix.rootlock import RootBusy, claim
+
+            try:
+                lock = claim(root)
+            except RootBusy as exc:
+                raise pytest.UsageError(str(exc)) from None
+            config.add_cleanup(lock.release)
         for name in (PREFLIGHT_FILE, "matrix-report.json", "matrix-report.html"):
             if not dry and (root / name).exists():
                 raise pytest.UsageError(
@@ -190,8 +199,10 @@ def pytest_configure(config: pytest.Config) -> None:
             hw_fp, build_fp = pf.fingerprint(data)
             session.fingerprints = {"hardware_fingerprint": hw_fp, "build_fingerprint": build_fp}
         if not dry:
-            write_json_atomic(root / PREFLIGHT_FILE, data)
+            session.write_json(root / PREFLIGHT_FILE, data)
     config.stash[SESSION_KEY] = session
+    if not session.dry:
+        _take_signals(config, session, worker is None)
     if worker is None:
         session.progress = _progress_printer(config)
         session.progress_every = float(config.getini("rlk_progress_interval"))
@@ -204,6 +215,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
     pytest_html.install(config)
     json_report.install(config)
+
+
+def _take_signals(config: pytest.Config, session: MatrixSession, controller: bool) -> None:
+    """SIGTERM (a CI cancel) stops the session like Ctrl-C: KeyboardInterrupt, the running cell's
+    processes killed and recorded, the report written. The controller also marks its
+    environment so that its xdist workers can be told to stop (`MatrixSession.stop_everything`).
+    """
+    from pytest_rlkernel_matrix import procs
+
+    procs.STOP.install()
+    config.add_cleanup(procs.STOP.uninstall)
+    if controller:
+        previous = os.environ.get(procs.SESSION_VAR)
+        os.environ[procs.SESSION_VAR] = session.token
+
+        def restore() -> None:
+            if previous is None:
+                os.environ.pop(procs.SESSION_VAR, None)
+            else:
+                os.environ[procs.SESSION_VAR] = previous
+
+        config.add_cleanup(restore)
 
 
 def _progress_printer(config: pytest.Config) -> Any:
@@ -323,6 +356,7 @@ class MatrixHooks:
             tr.write_line(f"node fingerprints: {flag}")
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
 
+    @pytest.hookimpl(tryfirst=True)  # before xdist tears its workers down
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         ms = self.session
         if self.is_worker:
@@ -334,7 +368,16 @@ class MatrixHooks:
         ms.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
         if ms.pending:  # queued cells no item waited for (-x, interrupt): cancel their jobs
             ms.launcher.cancel_all("the pytest session ended before their items ran")
-        ms.write_report()
+        from pytest_rlkernel_matrix import procs
+
+        with procs.STOP.cleaning_up():
+            left = ms.stop_everything()
+            if left:
+                self.config.get_terminal_writer().line(
+                    f"rlk: stopped {len(left)} process(es) left by cells: "
+                    f"{', '.join(map(str, left[:20]))}")
+            ms.recover_records()
+            ms.write_report()
 
 
 # -- fixtures -------------------------------------------------------------------------------------

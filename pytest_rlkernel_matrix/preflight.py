@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.redact import is_secret
+
 __all__ = [
     "SCHEMA_VERSION",
     "collect_preflight",
@@ -86,7 +88,6 @@ ENV_NAMES = frozenset(
     }
 )
 ENV_PREFIXES = ("RL_KERNEL_", "NCCL_", "RCCL_", "HSA_", "VLLM_", "MATRIX_")
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TOPO_DEVICE = re.compile(r"^(GPU\d+|NIC\d+|mlx\S+|CPU\d+)$")
 _GFX = re.compile(r"\b(gfx[0-9a-f]{3,4})\b", re.IGNORECASE)
@@ -574,7 +575,7 @@ def _selected_env(env: Mapping[str, str]) -> dict[str, str]:
     return {
         k: v
         for k, v in sorted(env.items())
-        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not _SECRET.search(k)
+        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not is_secret(k)
     }
 
 

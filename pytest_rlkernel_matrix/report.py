@@ -20,6 +20,7 @@ from pytest_rlkernel_matrix.cells import Cases, Cell
 from pytest_rlkernel_matrix.contamination import read_measurement
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.matrix import ExpectedGap
+from pytest_rlkernel_matrix.redact import Scrubber
 from pytest_rlkernel_matrix.runner import RunResult
 from pytest_rlkernel_matrix.stats import Policy as PerformancePolicy
 from pytest_rlkernel_matrix.terms import MODULES
@@ -60,30 +61,44 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
     return str(value)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write strict JSON (no NaN/Infinity) via a temp file in the same directory + `os.replace`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+def file_mode() -> int:
+    """The mode a plain `open(path, "w")` would give a new file: 0o666 less the umask.
+
+    Read from /proc/self/status (Linux >= 4.7) so the process-wide umask is never changed;
+    elsewhere `os.umask` is set and restored at once.
+    """
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and `os.replace`, with the mode every other
+    file gets (0644 under the usual umask 022; `mkstemp` alone would leave 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write strict JSON (no NaN/Infinity: `json_safe`) atomically (`write_text_atomic`)."""
+    text = json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False)
+    write_text_atomic(path, text + "\n")
 
 
 def cell_from_dict(data: Mapping[str, Any]) -> Cell:
@@ -160,12 +175,16 @@ def analyze_run(
     cell: Cell | None = None,
     mode: str | None = None,
     artifact_dir: str | None = None,
+    scrubber: Scrubber | None = None,
 ) -> dict[str, Any]:
     """One record for the run in `run_dir` (labelled with the cell that ran it).
 
     Never raises for bad artifacts: an unusable `cell-run.json` (or an analysis failure) is an
     `error` record for `cell` (the caller's, since the file cannot say) with the reason.
+    Every string in it is scrubbed of secret values (`redact`): the session passes the scrubber
+    that knows the cell's secrets; without one, the secrets of this process's environment.
     """
+    scrub = (scrubber or Scrubber.from_env(os.environ)).obj
     try:
         meta = read_cell_run(run_dir)
         run_cell = cell_from_dict(meta["cell"])
@@ -173,7 +192,7 @@ def analyze_run(
     except (ValueError, TypeError, KeyError) as exc:
         if cell is None:
             raise
-        return error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir)
+        return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
     try:
         ev = read_evidence(run_dir)
         decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
@@ -188,11 +207,11 @@ def analyze_run(
         scheduler = meta.get("scheduler")
         if isinstance(scheduler, dict):
             _judge_node(record, run_cell, scheduler, fps)
-        return record
+        return scrub(record)
     except Exception as exc:  # a bug or a shape no reader foresaw: this cell is an error
-        return error_record(cell or run_cell, str(meta["mode"]),
-                            f"analysis failed: {type(exc).__name__}: {str(exc)[:300]}",
-                            meta.get("artifact_dir") or artifact_dir)
+        return scrub(error_record(cell or run_cell, str(meta["mode"]),
+                                  f"analysis failed: {type(exc).__name__}: {str(exc)[:300]}",
+                                  meta.get("artifact_dir") or artifact_dir))
 
 
 def _judge_node(record: dict[str, Any], cell: Cell, scheduler: Mapping[str, Any],

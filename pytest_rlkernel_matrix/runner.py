@@ -1,27 +1,29 @@
 """Run one cell's command in a fresh process under the RL-Kernel environment contract.
 
 Writes `matrix-case.env` (a sourceable copy of what the cell was given, secrets redacted),
-streams stdout+stderr to `run.log`, writes `exit-code`, and on timeout or Ctrl-C kills the
-whole process group (launchers start vLLM/Megatron children) and says so in `run.log`.
+streams stdout+stderr to `run.log`, writes `exit-code`. On timeout or Ctrl-C/SIGTERM, and after
+the main process exits, every process the cell started is stopped: SIGTERM, a grace period, then
+SIGKILL, to the whole process family (`procs`: the process group, `setsid()` escapes, background
+children left behind), and `run.log` says so.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
-import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pytest_rlkernel_matrix import procs
 from pytest_rlkernel_matrix.cells import Cell
+from pytest_rlkernel_matrix.redact import REDACTED, Scrubber, is_secret
 
-SECRET_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-REDACTED = "<redacted>"
+__all__ = ["REDACTED", "RunResult", "is_secret", "run_cell_command"]
 
 # Inherited variables worth recording in matrix-case.env (the rest of os.environ is not copied
 # into the file; the process still inherits it): these names, and names with these prefixes.
@@ -54,13 +56,14 @@ class RunResult:
     started: str
     finished: str
     launch_error: str | None = None
+    # The main process's pid, and every pid the runner had to signal to stop the cell (on
+    # timeout/interrupt, or left behind after the main process exited).
+    pid: int | None = None
+    killed_pids: list[int] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def is_secret(name: str) -> bool:
-    return bool(SECRET_RE.search(name))
 
 
 def contract_env(
@@ -108,8 +111,11 @@ def cell_env(
     return full, recorded
 
 
-def render_case_env(recorded: Mapping[str, str], command: str | Sequence[str], cwd: Path) -> str:
-    """`matrix-case.env`: sourceable `export` lines plus the command, secrets redacted."""
+def render_case_env(recorded: Mapping[str, str], command: str | Sequence[str], cwd: Path,
+                    scrubber: Scrubber | None = None) -> str:
+    """`matrix-case.env`: sourceable `export` lines plus the command, secrets redacted by name
+    and (through `scrubber`, by default one built from `recorded` and `command`) by value."""
+    scrub = scrubber or Scrubber.from_env(recorded, command)
     shown = command if isinstance(command, str) else shlex.join(command)
     lines = [
         "# matrix-case.env written by pytest-rlkernel-matrix; `source` it to rerun this cell:",
@@ -118,24 +124,11 @@ def render_case_env(recorded: Mapping[str, str], command: str | Sequence[str], c
     for key in sorted(recorded):
         value = REDACTED if is_secret(key) else recorded[key]
         lines.append(f"export {key}={shlex.quote(value)}")
-    return "\n".join(lines) + "\n"
+    return scrub.text("\n".join(lines) + "\n")
 
 
 def _utc() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def last_line(log_path: Path, tail_bytes: int = 4096) -> str:
@@ -154,6 +147,19 @@ def last_line(log_path: Path, tail_bytes: int = 4096) -> str:
     return ""
 
 
+def _stop(proc: subprocess.Popen[bytes], family: procs.Family, grace: float) -> list[int]:
+    """Stop the whole family, the main process included; returns the pids signalled."""
+    with procs.STOP.cleaning_up():
+        killed = procs.terminate(family, grace, procs.STOP.hurry())
+        try:
+            proc.wait(timeout=grace + 5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL already sent
+            proc.kill()
+            proc.wait()
+        family.main_alive = False
+        return killed + procs.terminate(family, grace, procs.STOP.hurry())
+
+
 def run_cell_command(
     command: str | Sequence[str],
     *,
@@ -163,10 +169,19 @@ def run_cell_command(
     artifact_dir: Path,
     progress: Callable[[float, str], None] | None = None,
     progress_every: float = 30.0,
+    kill_grace: float = KILL_GRACE_S,
+    raise_on_interrupt: bool = True,
+    session_tag: str = "",
 ) -> RunResult:
     """Run the command; `run.log` and `exit-code` land in `artifact_dir`.
 
     `progress(elapsed_s, last_log_line)` is called every `progress_every` seconds while it runs.
+    Every process the command started is stopped before this returns (`procs`): on timeout and
+    on KeyboardInterrupt (Ctrl-C, or SIGTERM once the plugin's handler is installed) the whole
+    family, and after a normal exit whatever it left running, with SIGTERM, `kill_grace` seconds,
+    then SIGKILL. An interrupted run re-raises KeyboardInterrupt after writing `exit-code`
+    unless `raise_on_interrupt` is False (then `RunResult.interrupted` says so: the caller records
+    the cell, then raises). `session_tag` prefixes the marker variable the cell's processes carry.
     """
     argv: list[str] = ["bash", "-c", command] if isinstance(command, str) else list(command)
     log_path = artifact_dir / "run.log"
@@ -174,42 +189,72 @@ def run_cell_command(
     timed_out = interrupted = False
     exit_code: int | None = None
     launch_error: str | None = None
-    with log_path.open("ab") as log:
-        try:
-            proc = subprocess.Popen(
-                argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        except OSError as exc:
-            launch_error = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
-            log.write(f"[rlk-matrix] {launch_error}\n".encode())
-        else:
+    killed: list[int] = []
+    leftover: list[int] = []
+    pid: int | None = None
+    marker = f"{session_tag}:{uuid.uuid4().hex}" if session_tag else uuid.uuid4().hex
+    child_env = {**env, procs.MARKER_VAR: marker}
+    before = frozenset(procs.children(os.getpid())) if procs.available() else frozenset()
+    reaper = procs.set_subreaper(True)
+    try:
+        with log_path.open("ab") as log:
             try:
-                deadline = t0 + timeout
-                while True:
-                    step = min(progress_every, deadline - time.monotonic())
-                    try:
-                        exit_code = proc.wait(timeout=max(step, 0.01))
-                        break
-                    except subprocess.TimeoutExpired:
-                        if time.monotonic() >= deadline:
-                            raise
-                        if progress is not None:
-                            log.flush()
-                            progress(time.monotonic() - t0, last_line(log_path))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                exit_code = proc.returncode
-                log.write(
-                    f"\n[rlk-matrix] timeout after {timeout:g} s: killed process group "
-                    f"{proc.pid}\n".encode()
+                proc = subprocess.Popen(
+                    argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
                 )
-            except KeyboardInterrupt:
-                interrupted = True
-                _kill_group(proc)
-                exit_code = proc.returncode
-                log.write(f"\n[rlk-matrix] interrupted: killed process group {proc.pid}\n".encode())
+            except OSError as exc:
+                launch_error = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+                log.write(f"[rlk-matrix] {launch_error}\n".encode())
+            else:
+                pid = proc.pid
+                family = procs.Family(proc.pid, marker, before)
+                try:
+                    deadline = t0 + timeout
+                    while True:
+                        step = min(progress_every, deadline - time.monotonic())
+                        try:
+                            exit_code = proc.wait(timeout=max(step, 0.01))
+                            break
+                        except subprocess.TimeoutExpired:
+                            if time.monotonic() >= deadline:
+                                raise
+                            if progress is not None:
+                                log.flush()
+                                progress(time.monotonic() - t0, last_line(log_path))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    killed = _stop(proc, family, kill_grace)
+                    exit_code = proc.returncode
+                    log.write(
+                        f"\n[rlk-matrix] timeout after {timeout:g} s: killed process group "
+                        f"{proc.pid} and {len(killed)} process(es) of the cell: "
+                        f"{_pids(killed)}\n".encode()
+                    )
+                except KeyboardInterrupt:
+                    with procs.STOP.cleaning_up():
+                        interrupted = True
+                        killed = _stop(proc, family, kill_grace)
+                        exit_code = proc.returncode
+                        log.write(
+                            f"\n[rlk-matrix] interrupted: killed process group {proc.pid} and "
+                            f"{len(killed)} process(es) of the cell: {_pids(killed)}\n".encode()
+                        )
+                else:
+                    # The main process exited: nothing it started may outlive it.
+                    family.main_alive = False
+                    with procs.STOP.cleaning_up():
+                        leftover = procs.terminate(family, kill_grace, procs.STOP.hurry())
+                    if leftover:
+                        killed = leftover
+                        log.write(
+                            f"\n[rlk-matrix] the main process exited ({exit_code}) leaving "
+                            f"{len(leftover)} process(es) running: killed {_pids(leftover)}\n"
+                            .encode()
+                        )
+    finally:
+        if reaper:
+            procs.set_subreaper(False)
     result = RunResult(
         command=command if isinstance(command, str) else list(command),
         exit_code=exit_code,
@@ -219,8 +264,15 @@ def run_cell_command(
         started=started,
         finished=_utc(),
         launch_error=launch_error,
+        pid=pid,
+        killed_pids=killed,
+        leftover_pids=leftover,
     )
     (artifact_dir / "exit-code").write_text(f"{'' if exit_code is None else exit_code}\n")
-    if interrupted:
+    if interrupted and raise_on_interrupt:
         raise KeyboardInterrupt
     return result
+
+
+def _pids(pids: Sequence[int]) -> str:
+    return ", ".join(map(str, pids[:20])) + (" ..." if len(pids) > 20 else "") or "none"

@@ -12,19 +12,22 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix import contamination
+from pytest_rlkernel_matrix import contamination, procs
 from pytest_rlkernel_matrix.cells import Cell, canonical_cells
 from pytest_rlkernel_matrix.launchers.base import CellJob, Launcher, Outcome
 from pytest_rlkernel_matrix.matrix import MatrixFile
+from pytest_rlkernel_matrix.redact import Scrubber
 from pytest_rlkernel_matrix.report import (
     CELL_RUN_FILE,
     REPORT_FILE,
@@ -34,9 +37,11 @@ from pytest_rlkernel_matrix.report import (
     cell_to_dict,
     not_run_record,
     write_json_atomic,
+    write_text_atomic,
 )
 from pytest_rlkernel_matrix.runner import (
     ARTIFACT_SUBDIRS,
+    REDACTED,
     RunResult,
     cell_env,
     contract_env,
@@ -99,6 +104,20 @@ class MatrixSession:
     progress: Callable[[Cell, float, str], None] | None = None
     progress_every: float = 30.0
     pending: dict[str, CellJob] = field(default_factory=dict)
+    scrubber: Scrubber = field(default_factory=Scrubber)
+
+    def __post_init__(self) -> None:
+        # Secret values this session can see: its environment, the matrix file's env tables and
+        # the command; `pytest_rlk_cell_env` additions join per cell.
+        runner = self.matrix.runner
+        self.scrubber.add_env(os.environ, runner.command)
+        self.scrubber.add_env(runner.env)
+        for profile in self.matrix.hardware.values():
+            self.scrubber.add_env(profile.env)
+
+    def write_json(self, path: Path, data: Any) -> None:
+        """Every JSON file the session writes: scrubbed of secret values, written atomically."""
+        write_json_atomic(path, self.scrubber.obj(data))
     _launcher: Launcher | None = None
 
     @property
@@ -127,8 +146,10 @@ class MatrixSession:
     # -- environment ----------------------------------------------------------------------------
     def run_id(self, cell: Cell) -> str:
         owner = self.canonical.get(cell.run_key, cell)
-        stamp = self.created.replace("-", "").replace(":", "").split("+")[0]
-        return f"{owner.hardware}-{owner.slug}-{stamp}Z-{self.token[:8]}"
+        return f"{owner.hardware}-{owner.slug}-{self._stamp()}Z-{self.token[:8]}"
+
+    def _stamp(self) -> str:
+        return self.created.replace("-", "").replace(":", "").split("+")[0]
 
     def command_cwd(self) -> Path:
         cwd = self.matrix.runner.cwd
@@ -165,7 +186,7 @@ class MatrixSession:
             out.append(f"# {', '.join(names)}  (mode {mode})")
             out.append(self.launcher.render(job))
             out.append("")
-        return "\n".join(out)
+        return self.scrubber.text("\n".join(out))
 
     # -- running --------------------------------------------------------------------------------
     def run_cell(self, cell: Cell, *, mode: str, env_hook: Any = None) -> dict[str, Any]:
@@ -234,9 +255,11 @@ class MatrixSession:
             env_hook(cell=cell, env=extra)
             env.update(extra)
             recorded.update(extra)
+            self.scrubber.add_env(extra)
         command = self.matrix.runner.command
         cwd = self.command_cwd()
-        (run_dir / "matrix-case.env").write_text(render_case_env(recorded, command, cwd))
+        write_text_atomic(run_dir / "matrix-case.env",
+                          render_case_env(recorded, command, cwd, self.scrubber))
         report_progress = self.progress
 
         def progress(elapsed: float, line: str) -> None:
@@ -248,7 +271,8 @@ class MatrixSession:
                        command=command if isinstance(command, str) else list(command),
                        cwd=cwd, env=env, recorded=recorded, run_dir=run_dir,
                        timeout=self.matrix.runner.timeout, progress=progress,
-                       progress_every=self.progress_every, attempt=attempt)
+                       progress_every=self.progress_every, attempt=attempt,
+                       kill_grace=self.matrix.runner.kill_grace, session_tag=self.token)
 
     def submit_ahead(self, cells: Sequence[Cell], mode: str, env_hook: Any = None) -> int:
         """Queue every selected run with a launcher that runs them concurrently (Slurm)."""
@@ -284,7 +308,7 @@ class MatrixSession:
         job = self.pending.pop(cell.run_key, None) or self._prepare(cell, mode, run_dir, env_hook)
         command, recorded = job.command, job.recorded
         if blockers:
-            write_json_atomic(run_dir / "capability-decision.json", {
+            self.write_json(run_dir / "capability-decision.json", {
                 "mode": mode, "blockers": blockers,
                 "decision": "not started (strict: fail closed before launch)" if mode == "strict"
                 else "started: the requested path may not run; evidence decides",
@@ -296,6 +320,11 @@ class MatrixSession:
             (run_dir / "exit-code").write_text("not-started\n")
             return self._finish(cell, mode, run_dir, result, recorded, blockers)
         outcome = self._wait(cell, job)
+        if outcome.result.interrupted:
+            # Ctrl-C / SIGTERM: record the cell (error, "interrupted"), then stop the session.
+            with procs.STOP.cleaning_up():
+                self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome)
+            raise KeyboardInterrupt
         record = self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome)
         if (self.launcher.retryable(outcome) and job.attempt == 1
                 and not outcome.result.interrupted):
@@ -341,16 +370,16 @@ class MatrixSession:
             "timeout": self.matrix.runner.timeout,
             "warmup": self.matrix.runner.warmup,
             "performance_policy": self.matrix.performance.model_dump(),
-            "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
+            "env": {k: (REDACTED if is_secret(k) else v) for k, v in recorded.items()},
             "fingerprints": fingerprints,
             "preflight_blockers": blockers,
             "policy": self.policy(cell),
         }
         if scheduler is not None:
             meta["scheduler"] = scheduler
-        write_json_atomic(run_dir / CELL_RUN_FILE, meta)
+        self.write_json(run_dir / CELL_RUN_FILE, meta)
         record = self._analyze(run_dir, cell)
-        write_json_atomic(run_dir / RECORD_CACHE, record)
+        self.write_json(run_dir / RECORD_CACHE, record)
         return record
 
     def policy(self, cell: Cell) -> dict[str, Any]:
@@ -365,12 +394,84 @@ class MatrixSession:
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:
         gaps = self.matrix.hardware[cell.hardware].expect_unsupported
         return analyze_run(run_dir, gaps=gaps, fingerprints=self.fingerprints, cell=cell,
-                           artifact_dir=str(run_dir.relative_to(self.root)))
+                           artifact_dir=str(run_dir.relative_to(self.root)),
+                           scrubber=self.scrubber)
 
     def _label(self, record: dict[str, Any], cell: Cell) -> dict[str, Any]:
         out = alias_record(record, cell)
         out["shared_with"] = self.shared_with(cell)
         return out
+
+    # -- stopping -------------------------------------------------------------------------------
+    def stop_everything(self) -> list[int]:
+        """Controller, at session end: no cell process outlives pytest.
+
+        xdist workers of this session get SIGTERM (each stops its own cell and records it as
+        interrupted) and some time to do so: until they exit, or no cell process of this session
+        is left and every run directory it started holds its record. Then whatever process of
+        any cell of this session is still alive (a worker died, a cell outlived its worker) is
+        stopped here. Returns those pids.
+        """
+        grace = self.matrix.runner.kill_grace
+        with procs.STOP.cleaning_up():
+            workers = procs.session_workers(self.token) if self.interrupted else []
+            for pid in workers:
+                with suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace + 10
+            while workers and time.monotonic() < deadline:
+                if not procs.alive(workers) or (
+                    not procs.session_processes(self.token)
+                    and all((d / RECORD_CACHE).exists() for _, d, _ in self._own_runs())
+                ):
+                    break
+                time.sleep(0.05)
+            return procs.sweep(self.token, grace)
+
+    def _own_runs(self) -> Iterator[tuple[Cell, Path, str]]:
+        """(cell, run directory, run id) of every run this session started, from the disk."""
+        from pytest_rlkernel_matrix.cells import expand
+
+        by_dir = {(c.hardware, c.slug): c for c in expand(self.matrix.matrix, self.hardware,
+                                                          self.layout, self.mode)}
+        for case_env in sorted(self.root.glob("*/*/matrix-case.env")):
+            run_dir = case_env.parent
+            cell = by_dir.get((run_dir.parent.name, run_dir.name))
+            if cell is None:
+                continue
+            run_id = f"{cell.hardware}-{cell.slug}-{self._stamp()}Z-{self.token[:8]}"
+            try:
+                ours = f"RL_KERNEL_RUN_ID={run_id}\n" in case_env.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                ours = False
+            if ours:
+                yield cell, run_dir, run_id
+
+    def recover_records(self) -> None:
+        """Controller, at session end: records of runs that never reached a test report.
+
+        An interrupted cell raises KeyboardInterrupt after writing its record to disk, and a
+        worker that died leaves its run directory behind without one: both become records here
+        (the latter an `error`, "interrupted"), so the report lists every cell that ran. Only
+        directories this session wrote count (their `RL_KERNEL_RUN_ID` carries its token).
+        """
+        have = {r.get("run_key") for r in self.records.values()}
+        for cell, run_dir, run_id in self._own_runs():
+            if cell.run_key in have:
+                continue
+            record: dict[str, Any]
+            try:
+                cached = run_dir / RECORD_CACHE
+                record = (json.loads(cached.read_text(encoding="utf-8")) if cached.exists()
+                          else self._analyze(run_dir, cell))
+            except (OSError, ValueError, KeyError):
+                record = not_run_record(
+                    cell, self.mode, "interrupted: the session stopped before this cell's run "
+                    "was recorded (its processes were killed)", "error")
+                record.update(artifact_dir=str(run_dir.relative_to(self.root)), failed=True,
+                              run_id=run_id)
+            have.add(cell.run_key)
+            self.add_record(cell.id, self._label(self.scrubber.obj(record), cell))
 
     # -- report ---------------------------------------------------------------------------------
     def add_record(self, nodeid: str, record: dict[str, Any]) -> None:
@@ -392,8 +493,9 @@ class MatrixSession:
             interrupted=self.interrupted,
         )
         path = self.root / REPORT_FILE
+        report = self.scrubber.obj(report)
         write_json_atomic(path, report)
         from pytest_rlkernel_matrix.html import HTML_FILE, write_html
 
-        write_html(report, self.root / HTML_FILE, self.preflight)
+        write_html(report, self.root / HTML_FILE, self.scrubber.obj(self.preflight))
         return path

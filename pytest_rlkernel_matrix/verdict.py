@@ -617,7 +617,8 @@ def decide(
     numeric, contract, evidence_errors = _judge_numeric(ev, mode, cell, policy)
     performance = _judge_performance(ev, env, route.valid is not False, mode, warmup)
     unsupported = _unsupported(cell, ev)
-    not_started = run.exit_code is None and not run.launch_error and not run.timed_out
+    not_started = (run.exit_code is None and not run.launch_error and not run.timed_out
+                   and not run.interrupted)
     if blockers and not_started:
         unsupported = [(cls, f"preflight: {why}; not started (strict fails closed)")
                        for cls, why in blockers] + unsupported
@@ -625,7 +626,10 @@ def decide(
     run_errors: list[str] = []
     if run.launch_error:
         run_errors.append(run.launch_error)
-    if run.timed_out:
+    if run.interrupted:
+        run_errors.append("interrupted: the session was stopped (Ctrl-C or SIGTERM) while the "
+                          "cell ran; its processes were killed")
+    elif run.timed_out:
         run_errors.append("timeout: no exit after the runner timeout; process group killed")
     elif run.exit_code not in (0, None):
         detail = "; ".join(f"{k}: {v}" for k, v in ev.log.errors.items())
@@ -653,7 +657,8 @@ def decide(
 
     reasons: list[str]
     unsupported_class = None
-    if run.timed_out or run.launch_error or (run_errors and not unsupported and not fallbacks):
+    if (run.timed_out or run.interrupted or run.launch_error
+            or (run_errors and not unsupported and not fallbacks)):
         verdict, reasons = "error", run_errors + evidence_errors
     elif unsupported:
         verdict, unsupported_class = "unsupported", unsupported[0][0]

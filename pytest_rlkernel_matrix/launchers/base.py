@@ -25,6 +25,8 @@ class CellJob:
     progress: Callable[[float, str], None] | None = None
     progress_every: float = 30.0
     attempt: int = 1
+    kill_grace: float = 5.0
+    session_tag: str = ""
     handle: dict[str, Any] = field(default_factory=dict)
 
 

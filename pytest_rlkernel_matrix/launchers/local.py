@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from pytest_rlkernel_matrix.launchers.base import CellJob, Outcome
-from pytest_rlkernel_matrix.runner import is_secret, run_cell_command
+from pytest_rlkernel_matrix.runner import REDACTED, is_secret, run_cell_command
 
 
 class LocalLauncher:
@@ -19,7 +19,9 @@ class LocalLauncher:
     def wait(self, job: CellJob) -> Outcome:
         result = run_cell_command(job.command, cwd=job.cwd, env=job.env, timeout=job.timeout,
                                   artifact_dir=job.run_dir, progress=job.progress,
-                                  progress_every=job.progress_every)
+                                  progress_every=job.progress_every,
+                                  kill_grace=job.kill_grace, raise_on_interrupt=False,
+                                  session_tag=job.session_tag)
         return Outcome(result=result)
 
     def cancel_all(self, why: str) -> list[str]:
@@ -29,7 +31,7 @@ class LocalLauncher:
         shown = job.command if isinstance(job.command, str) else shlex.join(job.command)
         lines = [f"cd {shlex.quote(str(job.cwd))} && env \\"]
         for key in sorted(job.recorded):
-            value = "<redacted>" if is_secret(key) else job.recorded[key]
+            value = REDACTED if is_secret(key) else job.recorded[key]
             lines.append(f"  {key}={shlex.quote(value)} \\")
         lines.append(f"  bash -c {shlex.quote(shown)}" if isinstance(job.command, str)
                      else f"  {shown}")
