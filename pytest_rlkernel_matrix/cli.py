@@ -127,8 +127,15 @@ def preflight_summary(data: dict[str, object], target: Path, matrix_path: Path |
     count = int(gpu.get("count") or 0)
     gpus = f"{count} GPU(s): {', '.join(names)}" if count else "no GPU"
     machine = f"backend {gpu.get('backend') or 'cpu'}, {gpus}; torch {torch.get('version') or '-'}"
-    lines = [f"preflight: {target} (raw command output in {target.parent / 'preflight-raw'})",
-             f"  machine:      {machine}"]
+    lines = [f"preflight: {target}", *_wrap("  machine:      ", machine, width - 1)]
+    rocm = data.get("rocm") or {}
+    assert isinstance(rocm, dict)
+    for key, what in (("build_arch_mismatch", "PYTORCH_ROCM_ARCH"),
+                      ("ext_arch_mismatch", "the rl_engine._C binary")):
+        if rocm.get(key):
+            runtime = ", ".join(rocm.get("runtime_gfx_archs") or [])
+            lines += _wrap("  ROCm archs:   ", f"runtime {runtime}; {what} does not cover "
+                           f"{', '.join(rocm[key])} ({key})", width - 1)
     if probe.get("status") != "ok":
         lines.append("  probe:        " + _shorten(f"{probe.get('status')}: "
                                                   f"{probe.get('error') or ''}", width - 16))
@@ -156,7 +163,7 @@ def preflight_summary(data: dict[str, object], target: Path, matrix_path: Path |
         head = f"    {status}, {reason}: " if reason else f"    {status}: "
         lines += _wrap(head, ", ".join(keys), width - 1, indent=6)
     lines.append(f"  fingerprints: hardware {fingerprints[0]}, build {fingerprints[1]}")
-    lines.append("  (the whole record, with each check and its raw output, is in the JSON)")
+    lines.append("  (every check in full: the JSON; raw command output: preflight-raw/)")
     return lines
 
 

@@ -300,9 +300,10 @@ def test_quickstart_blocks_match_between_languages() -> None:
     assert zh_lines == quickstart_lines()
 
 
-def test_cpu_quickstart_runs(tmp_path: Path) -> None:
+def test_cpu_quickstart_runs(tmp_path: Path, shared_probe: Path) -> None:
     root = tmp_path / "matrix-root"
-    env = dict(os.environ, MATRIX_ROOT=str(root),
+    # Not a preflight test: the session takes the test run's shared probe (tests/conftest.py).
+    env = dict(os.environ, MATRIX_ROOT=str(root), RLK_REUSE_PROBE=str(shared_probe),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     for var in ("MATRIX_STAMP", "RLK_REF_FAULT", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER"):
         env.pop(var, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -258,7 +259,7 @@ def test_write_html_is_atomic(tmp_path: Path) -> None:
     assert sorted(p.name for p in path.parent.iterdir()) == [HTML_FILE]
 
 
-def _run_fake(tmp: Path) -> Path:
+def _run_fake(tmp: Path, probe: Path) -> Path:
     fake = Path(__file__).with_name("fake_framework.py")
     (tmp / "matrix.toml").write_text(
         '[matrix]\nname = "fake"\nmodules = ["attention", "ffn"]\n'
@@ -268,7 +269,8 @@ def _run_fake(tmp: Path) -> Path:
     root = tmp / "root"
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                     "-k", "attention and (R/R or P/R)", f"--rlk-matrix-root={root}"],
-                   cwd=tmp, check=True, capture_output=True, timeout=300)
+                   cwd=tmp, check=True, capture_output=True, timeout=300,
+                   env=dict(os.environ, RLK_REUSE_PROBE=str(probe)))
     return root
 
 
@@ -281,8 +283,8 @@ def test_write_html_outside_the_root_keeps_links_relative(tmp_path: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def real_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run_fake(tmp_path_factory.mktemp("fake"))
+def real_root(tmp_path_factory: pytest.TempPathFactory, shared_probe: Path) -> Path:
+    return _run_fake(tmp_path_factory.mktemp("fake"), shared_probe)
 
 
 def test_real_report_renders(real_root: Path) -> None:

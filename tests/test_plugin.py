@@ -360,6 +360,8 @@ def test_report_command_reproduces_the_report(pytester: pytest.Pytester, make_ma
     done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report",
                            str(root), "--output", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    # one line like pytest's summary, not a Python dict
+    assert done.stdout.splitlines() == [f"1 fallback, 7 valid in 8 of 8 cells (complete): {out}"]
     before, after = _report(root), json.loads(out.read_text())
     before.pop("created"), after.pop("created")
     assert before == after

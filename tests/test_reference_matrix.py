@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Not about preflight: these sessions take the test run's shared probe (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("reuse_probe")
 
 
 def _run(pytester: pytest.Pytester, root: Path, *args: str) -> tuple[pytest.RunResult, dict]:
