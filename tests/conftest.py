@@ -56,6 +56,17 @@ def shared_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fake_sidecar_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`FAKE_SIDECAR_CACHE` for the whole run: fake_framework.py saves each distinct logprob
+    sidecar once (a real torch.save) and copies it afterwards instead of importing torch."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fake-sidecars"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FAKE_SIDECAR_CACHE", str(path))
+        yield path
+
+
 @pytest.fixture
 def reuse_probe(shared_probe: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Matrix sessions started by this test reuse `shared_probe` (RLK_REUSE_PROBE)."""
