@@ -57,13 +57,18 @@ def shared_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def fake_sidecar_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def suite_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`FAKE_SIDECAR_CACHE` for the whole run: fake_framework.py saves each distinct logprob
     sidecar once (a real torch.save) and copies it afterwards instead of importing torch."""
     base = tmp_path_factory.getbasetemp()
     path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fake-sidecars"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FAKE_SIDECAR_CACHE", str(path))
+        # Under `-n auto` every worker already keeps a core busy: cells (the reference workload)
+        # get one intra-op thread each instead of oversubscribing the cores (OpenMP spin-waits
+        # then burn CPU for nothing). An OMP_NUM_THREADS you set yourself is kept.
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+            mp.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         yield path
 
 
