@@ -244,8 +244,8 @@ def drift_class(cell: Mapping[str, Any]) -> dict[str, str]:
     else:
         cls = "drifting"
         label = f"drifting, max|dlogp| {_fmt_d(worst)}"
-        shown = mism if mism is not None else bits
-        title = f"{_fmt(shown)} of {active:,} active tokens differ"
+        shown = mism if mism is not None else bits or 0
+        title = f"{shown:,} of {active:,} active tokens differ"
         if bits is not None and mism is not None and bits != mism:
             title += f" ({bits:,} differ in their bits)"
         if nonfinite:
