@@ -4,8 +4,9 @@ Per hardware and module, against the R/R baseline (others fixed):
 training effect = P/R - R/R, rollout effect = R/P - R/R,
 interaction = P/P - P/R - R/P + R/R; for drift (mean, p99, max |dlogp|, mismatch fraction) and
 phase times (rollout, training, weight sync, step). The one-line conclusion refuses rather than
-guesses: a needed cell that is not `valid` stops the drift conclusion; contaminated or fallback
-timings stop the performance conclusion; a difference within the measured spread is noise.
+guesses: a needed cell that is not `valid` stops the drift conclusion; noisy, contaminated or
+fallback timings stop the performance conclusion, and a time ratio is stated only when its
+bootstrap interval excludes 1 (stats.py); otherwise "no conclusion: noise" with the figures.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_rlkernel_matrix.stats import NOISE, Policy, Ratio, compare
 from pytest_rlkernel_matrix.terms import MODULES
 
 DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
@@ -32,13 +34,6 @@ def _effects(values: Mapping[str, float | None]) -> dict[str, float | None]:
     if None not in (rr, pr, rp, pp):
         out["interaction"] = pp - pr - rp + rr  # type: ignore[operator]
     return out
-
-
-def _spread(cell: Mapping[str, Any], phase: str) -> float | None:
-    s = (cell.get("phase_spread") or {}).get(phase)
-    if not s or s.get("n", 0) < 2:
-        return None
-    return float(s["max"]) - float(s["min"])
 
 
 def _drift_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> str:
@@ -63,41 +58,80 @@ def _drift_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> str:
     return lead + "no drift from either side"
 
 
-def _time_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str]]:
+def policy_of(records: Sequence[Mapping[str, Any]]) -> Policy:
+    """The declared limits the records were judged with (the first that carries them)."""
+    for rec in records:
+        if isinstance(rec.get("performance_policy"), Mapping):
+            return Policy.from_mapping(rec["performance_policy"])
+    return Policy()
+
+
+def steps(record: Mapping[str, Any], phase: str) -> list[float]:
+    """Every measured step's time for `phase` (warmup excluded), from the record."""
+    entry = (record.get("phase_spread") or {}).get(phase) or {}
+    values = entry.get("steps")
+    if isinstance(values, list):
+        return [float(v) for v in values]
+    return []
+
+
+def timing_ratio(num: Mapping[str, Any], den: Mapping[str, Any], phase: str, label: str,
+                 policy: Policy) -> Ratio:
+    """`num`'s over `den`'s time for `phase` under the rule; timings that are not usable (noise,
+    contamination, wrong route) never support a statement, whatever the interval says."""
+    ratio = compare(steps(num, phase), steps(den, phase), policy, label)
+    for name, rec in (("numerator", num), ("denominator", den)):
+        if not rec.get("performance_usable"):
+            why = (rec.get("validity") or {}).get("performance", {}).get("reasons") or [
+                f"verdict {rec.get('verdict')}"]
+            ratio.reasons.append(f"{name} {rec.get('case')} timings not usable: {why[0]}")
+            ratio.conclusion = NOISE
+    return ratio
+
+
+# (side, case with P on that side, phase)
+TIMED = (("training", "P/R", "training_wall_time"), ("rollout", "R/P", "rollout_wall_time"),
+         ("training", "P/R", "step_wall_time"), ("rollout", "R/P", "step_wall_time"))
+
+
+def _time_conclusion(cells: Mapping[str, Mapping[str, Any]],
+                     policy: Policy) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """Per side: time with R on that side (R/R) over time with P on it, under the rule."""
     refused: list[str] = []
+    prints = {(c.get("hardware_fingerprint"), c.get("build_fingerprint")) for c in cells.values()}
+    if len(prints) > 1:
+        # Cells run on different nodes (Slurm) with different hardware or builds: like a
+        # comparison across hardware, no timing ratio is drawn across them.
+        shown = ", ".join(f"{case}: {cells[case].get('hardware_fingerprint')}/"
+                          f"{cells[case].get('build_fingerprint')}" for case in CELLS)
+        refused.append(f"cells ran under different hardware/build fingerprints ({shown})")
+        return "no performance conclusion (cells ran on nodes that differ)", refused, []
     for case in CELLS:
         c = cells[case]
         if not c.get("performance_usable"):
             why = "; ".join((c.get("validity") or {}).get("performance", {}).get("reasons", [])[:2])
             refused.append(f"{case} timings not usable ({why or c.get('verdict')})")
-    if refused:
-        return "no performance conclusion", refused
+    ratios: list[Ratio] = []
     parts: list[str] = []
-    unknown = False
-    for side, case, phase in (("training", "P/R", "training_wall_time"),
-                              ("rollout", "R/P", "rollout_wall_time"),
-                              ("training", "P/R", "step_wall_time"),
-                              ("rollout", "R/P", "step_wall_time")):
-        base, other = cells["R/R"].get(phase), cells[case].get(phase)
-        if base is None or other is None or base <= 0:
-            continue
-        spreads = [s for s in (_spread(cells["R/R"], phase), _spread(cells[case], phase)) if s]
-        if not spreads:
-            unknown = True
-            continue
-        if abs(other - base) <= max(spreads):
-            continue
-        pct = 100.0 * (base - other) / other
+    for side, case, phase in TIMED:
         label = phase.removesuffix("_wall_time").replace("_", " ")
-        if pct > 0:
-            parts.append(f"R on the {side} side {pct:.0f}% slower in {label} than P")
-        else:
-            parts.append(f"R on the {side} side {-pct:.0f}% faster in {label} than P")
+        r = timing_ratio(cells["R/R"], cells[case], phase, f"{label} time R/R / {case}", policy)
+        ratios.append(r)
+        if r.conclusive and r.ratio is not None:
+            pct = 100.0 * (r.ratio - 1.0) if r.ratio >= 1 else 100.0 * (1.0 - r.ratio)
+            parts.append(f"R on the {side} side {pct:.0f}% {r.conclusion} in {label} than P "
+                         f"({r.label} {r.figures()})")
+    figures = "; ".join(f"{r.label} {r.figures()}" for r in ratios
+                        if r.label.startswith("step") and r.ratio is not None)
     if parts:
-        return "; ".join(dict.fromkeys(parts)), refused
-    if unknown:
-        return "performance not judged: one measured step per cell (set [runner] repeats)", refused
-    return "no measurable slowdown (differences within the measured spread)", refused
+        text = "; ".join(parts)
+    elif refused:
+        text = (f"{NOISE} or contamination ({refused[0]}"
+                + (f"; figures: {figures}" if figures else "") + ")")
+    else:
+        why = "; ".join(dict.fromkeys(x for r in ratios for x in r.reasons))
+        text = f"{NOISE} ({figures}; {why})" if figures else f"{NOISE} ({why})"
+    return text, refused, [r.as_dict() for r in ratios]
 
 
 def _signature(cell: Mapping[str, Any]) -> tuple[Any, ...] | None:
@@ -133,6 +167,7 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if rec.get("module") in MODULES and rec.get("case") in CELLS:
             by_key.setdefault((str(rec["hardware"]), str(rec["module"])), {})[rec["case"]] = rec
     out: list[dict[str, Any]] = []
+    policy = policy_of(records)
     for (hardware, module), cells in sorted(by_key.items(),
                                             key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))):
         entry: dict[str, Any] = {"hardware": hardware, "module": module, "refused": []}
@@ -166,8 +201,9 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             drift = f"no drift conclusion ({'; '.join(invalid)})"
         else:
             drift = _drift_conclusion(cells)
-        timing, refused = _time_conclusion(cells)
+        timing, refused, ratios = _time_conclusion(cells, policy)
         entry["refused"].extend(refused)
+        entry["timing"] = ratios
         entry["conclusion"] = f"{module}: {drift}; {timing}"
         out.append(entry)
     return out

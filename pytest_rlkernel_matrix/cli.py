@@ -20,6 +20,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pytest_rlkernel_matrix import __version__
 
@@ -203,22 +204,42 @@ def _fmt(value: object, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ratio_cell(r: Any) -> str:
+    """'1.23 [1.10, 1.38] slower' or '1.05 [0.93, 1.21] no conclusion: noise'."""
+    if r.ratio is None:
+        return f"- ({r.conclusion})"
+    ci = "" if r.low is None else f" [{r.low:.2f}, {r.high:.2f}]"
+    return f"{r.ratio:.2f}{ci} {r.conclusion}"
+
+
 def markdown_table(report: dict[str, object]) -> list[str]:
-    """Drift, phase times and the R/P time ratio per cell, as a markdown table."""
+    """Drift, phase times and time ratios (with their intervals) per cell, as a markdown table.
+
+    A ratio is a conclusion only under the rule of `stats.py` (enough steps, spread under the
+    limit, interval excluding 1, usable timings); otherwise it reads "no conclusion: noise".
+    """
+    from pytest_rlkernel_matrix.attribution import policy_of, timing_ratio
+
     cells = report["cells"]
     assert isinstance(cells, list)
+    policy = policy_of(cells)
     base = {(c["hardware"], c["module"]): c for c in cells if c["case"] == "R/R"}
     native = {(c["hardware"], c["module"]): c for c in cells if c["case"] == "P/P"}
+    level = f"{policy.confidence:.0%}"
     lines = [
         "| hardware | module | case | verdict | mismatches / active | max abs dlogp | "
-        "mean abs dlogp | rollout s | training s | step s | step vs R/R |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "mean abs dlogp | rollout s | training s | step s | steps | "
+        f"step time, this cell / R/R baseline [{level} CI] |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
         rr = base.get((c["hardware"], c["module"]))
-        ratio = None
-        if rr and rr.get("step_wall_time") and c.get("step_wall_time"):
-            ratio = c["step_wall_time"] / rr["step_wall_time"]
+        shown = "-"
+        if rr is not None and c is not rr and c.get("step_wall_time") is not None:
+            shown = _ratio_cell(timing_ratio(c, rr, "step_wall_time", "", policy))
+        elif c is rr:
+            shown = "baseline"
+        n = ((c.get("phase_spread") or {}).get("step_wall_time") or {}).get("n")
         lines.append(
             f"| {c['hardware']} | {c['module']} | {c['case']} | {c['verdict']} | "
             f"{_fmt(c.get('mismatch_count'), ',')} / {_fmt(c.get('active_token_count'), ',')} | "
@@ -226,15 +247,18 @@ def markdown_table(report: dict[str, object]) -> list[str]:
             f"{_fmt(c.get('logprob_abs_diff_mean'), '.3g')} | "
             f"{_fmt(c.get('rollout_wall_time'), '.2f')} | "
             f"{_fmt(c.get('training_wall_time'), '.2f')} | {_fmt(c.get('step_wall_time'), '.2f')} "
-            f"| {_fmt(ratio, '.2f')} |"
+            f"| {_fmt(n, 'd')} | {shown} |"
         )
-    lines += ["", "| hardware | module | R/P step time ratio (R/R over P/P) |",
-              "| --- | --- | --- |"]
+    lines += ["", "| hardware | module | step time, R/R run / this module's P/P run "
+              f"(R over P for the module, not the case R/P) [{level} CI] |", "| --- | --- | --- |"]
     for key, rr in base.items():
         pp = native.get(key)
         if pp and rr.get("step_wall_time") and pp.get("step_wall_time"):
             lines.append(f"| {key[0]} | {key[1]} | "
-                         f"{rr['step_wall_time'] / pp['step_wall_time']:.2f} |")
+                         f"{_ratio_cell(timing_ratio(rr, pp, 'step_wall_time', '', policy))} |")
+    lines += ["", f"Rule: a ratio is a conclusion only with at least {policy.min_steps} measured "
+              f"steps per cell, a relative spread at most {policy.max_relative_spread:.0%}, "
+              f"usable (uncontaminated) timings and a {level} bootstrap interval excluding 1."]
     return lines
 
 

@@ -323,21 +323,37 @@ def histogram_view(hist: Mapping[str, Any]) -> View | None:
 
 
 def phases_view(record: Mapping[str, Any]) -> View | None:
-    """Horizontal bars of the phase wall times (rollout, training, weight sync, step)."""
-    values = [(label, _num(record.get(key))) for label, key in PHASES]
-    if all(v is None for _, v in values):
+    """Horizontal bars of the phase wall times (rollout, training, weight sync, step): the bar
+    is the median over measured steps, the whisker spans min to max, `n` is the step count."""
+    spread = _map(record.get("phase_spread"))
+    values = [(label, _num(record.get(key)), _map(spread.get(key))) for label, key in PHASES]
+    if all(v is None for _, v, _ in values):
         return None
-    w, row, left, right = 440, 22, 82, 60
-    peak = max((v for _, v in values if v is not None), default=0.0) or 1.0
+    w, row, left, right = 440, 22, 82, 112
+    tops = [v for _, v, _ in values if v is not None]
+    tops += [m for _, _, sp in values if (m := _num(sp.get("max"))) is not None]
+    peak = max(tops, default=0.0) or 1.0
+    scale = (w - left - right) / peak
     rows = []
-    for i, (label, v) in enumerate(values):
+    for i, (label, v, sp) in enumerate(values):
         y = 3 + i * row
         entry: View = {"label": label, "lx": left - 6, "ty": y + 14, "bar": None}
         if v is not None:
-            bw = max((w - left - right) * max(v, 0.0) / peak, 1.0)
+            bw = max(scale * max(v, 0.0), 1.0)
+            lo, hi, n = _num(sp.get("min")), _num(sp.get("max")), sp.get("n")
+            tip = f"{label}: median {_fmt_s(v)}"
+            end = left + bw
+            whisker = None
+            if lo is not None and hi is not None:
+                tip += f", min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
+                x0, x1 = left + scale * max(lo, 0.0), left + scale * max(hi, 0.0)
+                end = max(end, x1)
+                whisker = {"x0": _f1(x0), "x1": _f1(x1), "mid": _f1(y + 3 + (row - 7) / 2),
+                           "y0": y + 5, "y1": y + row - 6}
             entry["bar"] = {"cls": "bar0" if label == "step" else "bar", "x": left,
-                            "y": y + 3, "w": _f1(bw), "h": row - 7, "tx": _f1(left + bw + 4),
-                            "text": _fmt_s(v)}
+                            "y": y + 3, "w": _f1(bw), "h": row - 7, "tx": _f1(end + 4),
+                            "title": tip, "whisker": whisker,
+                            "text": _fmt_s(v) + (f" n={n}" if isinstance(n, int) else "")}
         rows.append(entry)
     return {"w": w, "h": row * len(values) + 6, "left": left, "rows": rows}
 

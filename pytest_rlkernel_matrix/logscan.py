@@ -94,10 +94,12 @@ class LogScan:
             if name == "peak_memory":
                 medians[name] = max(values)
                 continue
-            medians[name] = statistics.median(measured)
+            medians[name] = med = statistics.median(measured)
             spread[name] = {
                 "n": len(measured), "min": min(measured), "max": max(measured),
+                "relative_spread": (max(measured) - min(measured)) / med if med > 0 else None,
                 "warmup_dropped": len(values) - len(measured),
+                "steps": measured,  # every measured step, for intervals (stats.py)
             }
         return medians, spread
 

@@ -91,8 +91,75 @@ class MatrixSection(_Strict):
         return self
 
 
+_SLURM_TIME_RE = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$"
+)
+# sbatch options the launcher sets itself (each cell's directory, name and output depend on them).
+SLURM_OWNED_OPTIONS = ("--output", "--error", "--chdir", "--job-name", "--parsable", "--export",
+                       "--requeue", "--no-requeue", "--wrap", "-o", "-e", "-D", "-J")
+
+
+class SlurmSection(_Strict):
+    """`[runner.slurm]`: how `launcher = "slurm"` submits each cell as one batch job."""
+
+    partition: str | None = None
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int | None = Field(default=None, ge=0, description="--gpus-per-node")
+    gres: str | None = Field(default=None, description="--gres, e.g. 'gpu:8' (or gpus_per_node)")
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    time: str | None = Field(
+        default=None,
+        description="--time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]); default: the runner "
+        "timeout rounded up to whole minutes",
+    )
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    extra_args: tuple[str, ...] = Field(default=(), description="further sbatch options")
+    max_concurrent: int = Field(default=1, ge=1, description="jobs of this session at once")
+    requeue_on: tuple[Literal["NODE_FAIL", "PREEMPTED"], ...] = Field(
+        default=(), description="resubmit once, into a fresh artifact directory",
+    )
+    poll_interval: float = Field(default=1.0, gt=0, description="seconds between squeue polls")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME_RE.match(value.strip()):
+            raise ValueError(
+                "not a Slurm time limit: use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS"
+            )
+        return None if value is None else value.strip()
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            if not arg.startswith("-"):
+                raise ValueError(f"{arg!r} is not an sbatch option (options start with '-')")
+            name = arg.split("=", 1)[0]
+            if name in SLURM_OWNED_OPTIONS:
+                raise ValueError(
+                    f"{name} is set by the launcher for each cell (artifact directory, job "
+                    "name, output, requeue); remove it from extra_args"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _gpus(self) -> SlurmSection:
+        if self.gpus_per_node is not None and self.gres is not None:
+            raise ValueError("give gpus_per_node or gres, not both")
+        return self
+
+
 class RunnerSection(_Strict):
     """`[runner]`: the command one cell runs, in a fresh process per cell."""
+
+    launcher: Literal["local", "slurm"] = Field(
+        default="local",
+        description="local: a process on this machine; slurm: one batch job per cell",
+    )
+    slurm: SlurmSection | None = Field(default=None, description="[runner.slurm]")
 
     command: str | tuple[str, ...] = Field(
         description="a string run with `bash -c` (so $VIME_ROOT expands) or a list run as argv"
@@ -117,6 +184,17 @@ class RunnerSection(_Strict):
         if isinstance(value, tuple) and (not value or not all(value)):
             raise ValueError("command list is empty or holds an empty argument")
         return value
+
+    @model_validator(mode="after")
+    def _slurm(self) -> RunnerSection:
+        if self.launcher == "slurm" and self.slurm is None:
+            object.__setattr__(self, "slurm", SlurmSection())
+        if self.launcher == "local" and self.slurm is not None:
+            raise ValueError(
+                '[runner.slurm] is given but launcher is "local": set launcher = "slurm" '
+                "or remove the table"
+            )
+        return self
 
 
 class HardwareMatch(_Strict):
@@ -179,12 +257,32 @@ class PreflightSection(_Strict):
     timeout: float = Field(default=60.0, gt=0, description="seconds per preflight command")
 
 
+class PerformanceSection(_Strict):
+    """`[performance]`: when timings support a statement (see `stats.py` for the rule)."""
+
+    min_steps: int = Field(default=5, ge=2, description="measured steps (after warmup) each cell "
+                           "needs before its times support a slowdown/speed-up/ratio statement")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
+                              description="confidence level of each ratio's bootstrap interval")
+    max_relative_spread: float = Field(default=0.5, gt=0, description="largest (max - min) / "
+                                       "median of a cell's measured step times")
+    max_foreign_cpu: float = Field(default=0.25, ge=0, le=1, description="largest share of the "
+                                   "machine's CPU time used outside the cell's processes")
+    max_concurrent_seconds: float = Field(default=1.0, ge=0, description="longest time another "
+                                          "cell of the session may run on the same CPUs/devices")
+    max_foreign_gpu_processes: int = Field(default=0, ge=0, description="other compute "
+                                           "processes allowed on the cell's GPUs")
+    sample_interval: float = Field(default=0.5, gt=0, le=10,
+                                   description="seconds between contamination samples")
+
+
 class MatrixFile(_Strict):
     """The whole `matrix.toml`."""
 
     matrix: MatrixSection = Field(default_factory=MatrixSection)
     runner: RunnerSection
     preflight: PreflightSection = Field(default_factory=PreflightSection)
+    performance: PerformanceSection = Field(default_factory=PerformanceSection)
     hardware: dict[str, HardwareProfile]
 
     @field_validator("hardware")

@@ -117,14 +117,17 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
                                                matrix.runner.r_provider)
     gpu = data.get("gpu", {})
     seen = f"backend {gpu.get('backend', '?')}, GPUs: {', '.join(gpu.get('names') or []) or 'none'}"
+    remote = matrix.runner.launcher != "local"
     if not names:
         if detected is None:
             raise pytest.UsageError(
                 f"{path}: no [hardware.<name>] profile matches this machine ({seen}); "
-                "add a profile or pass --rlk-hardware with --rlk-plan"
+                + ("with launcher = \"slurm\" the cells run on compute nodes: pass "
+                   "--rlk-hardware=<profile of those nodes>" if remote else
+                   "add a profile or pass --rlk-hardware with --rlk-plan")
             )
         names = [detected]
-    elif not plan:
+    elif not plan and not remote:  # under Slurm each job checks its own node
         foreign = [n for n in names if n != detected]
         if foreign:
             raise pytest.UsageError(
@@ -209,8 +212,9 @@ def progress_line(cell_id: str, elapsed: float, line: str, width: int) -> str:
     """`[rlk] <cell>: <s> s, run.log: <last line>`, cut at a word boundary to `width`."""
     import textwrap
 
-    head = f"[rlk] {cell_id}: {elapsed:.0f} s, run.log: "
     tail = " ".join(line.split()) or "(empty)"
+    source = "" if tail.startswith("slurm job ") else "run.log: "  # Slurm: the job's state
+    head = f"[rlk] {cell_id}: {elapsed:.0f} s, {source}"
     room = max(width - len(head), 20)
     return head + textwrap.shorten(tail, width=room, placeholder=" ...")
 
@@ -283,6 +287,14 @@ class MatrixHooks:
             matrix_items = [i for i in items if isinstance(i, MatrixItem)]
             self.config.hook.pytest_deselected(items=matrix_items)
             items[:] = [i for i in items if not isinstance(i, MatrixItem)]
+        elif not self.is_worker and not ms.dry and ms.matrix.runner.launcher == "slurm":
+            # Every selected cell is queued now; each item then waits for its own job.
+            hook = self.config.hook.pytest_rlk_cell_env
+
+            def env_hook(cell: Cell, env: dict[str, str]) -> None:
+                hook(config=self.config, cell=cell, env=env)
+
+            ms.submit_ahead(cells, ms.mode, env_hook)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item) -> Any:
@@ -335,6 +347,10 @@ class MatrixHooks:
 
         for entry in attribute(list(ms.records.values())):
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
+        from pytest_rlkernel_matrix.report import node_fingerprint_groups
+
+        for flag in node_fingerprint_groups(list(ms.records.values()))["flags"]:
+            tr.write_line(f"node fingerprints: {flag}")
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -346,6 +362,8 @@ class MatrixHooks:
         if ms.dry:
             return
         ms.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+        if ms.pending:  # queued cells no item waited for (-x, interrupt): cancel their jobs
+            ms.launcher.cancel_all("the pytest session ended before their items ran")
         ms.write_report()
 
 

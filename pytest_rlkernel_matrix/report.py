@@ -16,9 +16,11 @@ from typing import Any
 
 from pytest_rlkernel_matrix.attribution import attribute
 from pytest_rlkernel_matrix.cells import Cases, Cell
+from pytest_rlkernel_matrix.contamination import read_measurement
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
+from pytest_rlkernel_matrix.stats import Policy
 from pytest_rlkernel_matrix.terms import MODULES
 from pytest_rlkernel_matrix.verdict import Decision, contract_id, decide
 
@@ -115,7 +117,68 @@ def analyze_run(
     decision = decide(cell, mode=mode, run=run, ev=ev, env=meta.get("env", {}), gaps=gaps,
                       warmup=int(meta.get("warmup", 0)),
                       blockers=[tuple(b) for b in meta.get("preflight_blockers", [])])
-    return build_record(cell, meta, run, ev, decision, fingerprints or meta.get("fingerprints", {}))
+    # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the gap
+    # for runs recorded without them.
+    fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
+    record = build_record(cell, meta, run, ev, decision, fps)
+    scheduler = meta.get("scheduler")
+    if scheduler is not None:
+        _judge_node(record, cell, scheduler, fps)
+    return record
+
+
+def _judge_node(record: dict[str, Any], cell: Cell, scheduler: Mapping[str, Any],
+                fingerprints: Mapping[str, str]) -> None:
+    """A job's node must be fingerprinted and be the hardware the cell names (fail closed)."""
+    record["scheduler"] = dict(scheduler)
+    problems: list[str] = []
+    ran = scheduler.get("state") in ("COMPLETED", "FAILED")
+    if ran and not (fingerprints.get("hardware_fingerprint")
+                    and fingerprints.get("build_fingerprint")):
+        problems.append(
+            f"node preflight missing: Slurm job {scheduler.get('job_id')} on "
+            f"{scheduler.get('nodes') or '?'} left no readable node-preflight.json (see "
+            "node-preflight.log); the node's hardware and build are unknown")
+    node_hw = scheduler.get("node_hardware", cell.hardware)
+    if ran and "node_hardware" in scheduler and node_hw != cell.hardware:
+        problems.append(
+            f"node hardware: Slurm job {scheduler.get('job_id')} ran on "
+            f"{scheduler.get('nodes') or '?'}, detected as "
+            f"{node_hw or 'no profile of the matrix'}, not {cell.hardware}")
+    if problems:
+        record["reasons"] = problems + list(record.get("reasons") or [])
+        if record["verdict"] in ("valid", "contract_mismatch", "incomparable"):
+            record["verdict"] = "error"
+        record["failed"] = record["failed"] or record["verdict"] == "error"
+        record["performance_usable"] = False
+
+
+def node_fingerprint_groups(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per hardware profile: which cells ran under which (hardware, build) fingerprint pair, and
+    a flag per profile whose cells ran on nodes that differ (times across them are refused)."""
+    groups: dict[str, dict[tuple[Any, Any], dict[str, Any]]] = {}
+    for r in records:
+        if r.get("verdict") == "not_run" or not r.get("artifact_dir"):
+            continue
+        key = (r.get("hardware_fingerprint"), r.get("build_fingerprint"))
+        entry = groups.setdefault(str(r["hardware"]), {}).setdefault(
+            key, {"hardware_fingerprint": key[0], "build_fingerprint": key[1], "nodes": [],
+                  "cells": []})
+        nodes = (r.get("scheduler") or {}).get("nodes")
+        if nodes and nodes not in entry["nodes"]:
+            entry["nodes"].append(nodes)
+        entry["cells"].append(f"{r['module']} {r['case']}")
+    out: dict[str, Any] = {"flags": [], "groups": {}}
+    for hardware, by_fp in sorted(groups.items()):
+        out["groups"][hardware] = list(by_fp.values())
+        if len(by_fp) > 1:
+            parts = [f"hardware {g['hardware_fingerprint']} / build {g['build_fingerprint']} "
+                     f"on {', '.join(g['nodes']) or '?'} ({len(g['cells'])} cells)"
+                     for g in by_fp.values()]
+            out["flags"].append(
+                f"{hardware}: cells ran on nodes with different fingerprints: "
+                + "; ".join(parts) + "; performance comparisons across them are refused")
+    return out
 
 
 def build_record(
@@ -158,6 +221,7 @@ def build_record(
         ],
         "exit_code": run.exit_code,
         "timed_out": run.timed_out,
+        "scheduler": meta.get("scheduler"),
         "process_wall_time": run.wall_time,
         **{k: metrics.get(k) for k in METRIC_FIELDS},
         **phases,
@@ -170,6 +234,8 @@ def build_record(
         "capability": ev.capability,
         "log_errors": ev.log.errors,
         "contamination": ev.log.contamination,
+        "contamination_measured": read_measurement(ev.root),
+        "performance_policy": Policy.from_mapping(meta.get("performance_policy")).as_dict(),
         "fault_drill": (ev.manifest or {}).get("fault_drill"),
         "worst_tokens": metrics.get("worst_tokens", []),
         "first_mismatch": metrics.get("first_mismatch", []),
@@ -236,6 +302,7 @@ def build_report(
         "expected_cells": expected_cells,
         "summary": summarize(records),
         "preflight": dict(preflight or {}),
+        "node_fingerprints": node_fingerprint_groups(ordered),
         "attribution": attribute(ordered),
         "cells": ordered,
     }

@@ -12,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shlex
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix import contamination
 from pytest_rlkernel_matrix.cells import Cell, canonical_cells
+from pytest_rlkernel_matrix.launchers.base import CellJob, Launcher, Outcome
 from pytest_rlkernel_matrix.matrix import MatrixFile
 from pytest_rlkernel_matrix.report import (
     CELL_RUN_FILE,
@@ -41,8 +42,8 @@ from pytest_rlkernel_matrix.runner import (
     contract_env,
     is_secret,
     render_case_env,
-    run_cell_command,
 )
+from pytest_rlkernel_matrix.stats import Policy
 
 RECORD_CACHE = "cell-record.json"
 PREFLIGHT_FILE = "preflight.json"
@@ -97,6 +98,17 @@ class MatrixSession:
     interrupted: bool = False
     progress: Callable[[Cell, float, str], None] | None = None
     progress_every: float = 30.0
+    pending: dict[str, CellJob] = field(default_factory=dict)
+    _launcher: Launcher | None = None
+
+    @property
+    def launcher(self) -> Launcher:
+        """The `[runner] launcher` of this session (made on first use)."""
+        if self._launcher is None:
+            from pytest_rlkernel_matrix.launchers import make_launcher
+
+            self._launcher = make_launcher(self.matrix)
+        return self._launcher
 
     # -- layout ---------------------------------------------------------------------------------
     def set_selected(self, cells: Sequence[Cell]) -> None:
@@ -134,11 +146,10 @@ class MatrixSession:
                         python=sys.executable, base=base)
 
     def plan_text(self, cells: Sequence[Cell], mode: str) -> str:
-        """Copy-paste template per run: the env contract and the command, nothing executed."""
+        """Per run: what the launcher would run (env contract + command, or the batch script)."""
         out: list[str] = []
         seen: set[str] = set()
         command = self.matrix.runner.command
-        shown = command if isinstance(command, str) else shlex.join(command)
         for cell in cells:
             if cell.run_key in seen:
                 continue
@@ -146,13 +157,13 @@ class MatrixSession:
             names = [c.id for c in cells if c.run_key == cell.run_key]
             run_dir = self.run_dir(cell)
             _, recorded = self.environment(cell, mode, run_dir, base={})
+            owner = self.canonical.get(cell.run_key, cell)
+            job = CellJob(key=cell.run_key, label=f"{owner.hardware}/{run_dir.name}",
+                          command=command if isinstance(command, str) else list(command),
+                          cwd=self.command_cwd(), env=recorded, recorded=recorded,
+                          run_dir=run_dir, timeout=self.matrix.runner.timeout)
             out.append(f"# {', '.join(names)}  (mode {mode})")
-            out.append(f"cd {shlex.quote(str(self.command_cwd()))} && env \\")
-            for key in sorted(recorded):
-                value = "<redacted>" if is_secret(key) else recorded[key]
-                out.append(f"  {key}={shlex.quote(value)} \\")
-            out.append(f"  bash -c {shlex.quote(shown)}" if isinstance(command, str)
-                       else f"  {shown}")
+            out.append(self.launcher.render(job))
             out.append("")
         return "\n".join(out)
 
@@ -169,8 +180,14 @@ class MatrixSession:
         with _locked(lock):
             cached = run_dir / RECORD_CACHE
             meta_path = run_dir / CELL_RUN_FILE
+            if cell.run_key in self.pending:
+                record = self._execute(cell, mode, run_dir, env_hook, self.blockers(cell, mode))
+                return self._label(record, cell)
             if meta_path.exists():
                 meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                if meta.get("superseded_by"):  # a requeued run: its second attempt decides
+                    run_dir = self.root / meta["superseded_by"]
+                    cached = run_dir / RECORD_CACHE
                 if meta.get("session") != self.token or meta.get("mode") != mode:
                     return self._refusal(cell, mode, run_dir)
                 if cached.exists():
@@ -196,15 +213,18 @@ class MatrixSession:
     def blockers(self, cell: Cell, mode: str) -> list[list[str]]:
         """(class, reason) for each module whose requested R backend preflight found unavailable."""
         caps = self.preflight.get("capabilities")
-        if mode == "off" or not caps:
+        # Under Slurm the login node's capabilities say nothing about the compute nodes: the
+        # node's own evidence (routes, fallbacks) decides there.
+        if mode == "off" or not caps or self.matrix.runner.launcher != "local":
             return []
         from pytest_rlkernel_matrix.capability import requested_r_blockers
 
         wanted = [m for m in cell.cases.as_dict() if "R" in cell.cases.of(m)]
         return [list(b) for b in requested_r_blockers(caps, wanted)]
 
-    def _execute(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
-                 blockers: list[list[str]]) -> dict[str, Any]:
+    def _prepare(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
+                 attempt: int = 1) -> CellJob:
+        """Create the run directory with `matrix-case.env`: what any launcher needs."""
         run_dir.mkdir(parents=True, exist_ok=True)
         for sub in ARTIFACT_SUBDIRS.values():
             (run_dir / sub).mkdir(exist_ok=True)
@@ -217,6 +237,52 @@ class MatrixSession:
         command = self.matrix.runner.command
         cwd = self.command_cwd()
         (run_dir / "matrix-case.env").write_text(render_case_env(recorded, command, cwd))
+        report_progress = self.progress
+
+        def progress(elapsed: float, line: str) -> None:
+            if report_progress is not None:
+                report_progress(cell, elapsed, line)
+
+        owner = self.canonical.get(cell.run_key, cell)
+        return CellJob(key=cell.run_key, label=f"{owner.hardware}/{run_dir.name}",
+                       command=command if isinstance(command, str) else list(command),
+                       cwd=cwd, env=env, recorded=recorded, run_dir=run_dir,
+                       timeout=self.matrix.runner.timeout, progress=progress,
+                       progress_every=self.progress_every, attempt=attempt)
+
+    def submit_ahead(self, cells: Sequence[Cell], mode: str, env_hook: Any = None) -> int:
+        """Queue every selected run with a launcher that runs them concurrently (Slurm)."""
+        started = 0
+        for cell in cells:
+            if cell.run_key in self.pending or (mode == "off" and not cell.cases.is_native):
+                continue
+            if mode == "strict" and self.blockers(cell, mode):
+                continue
+            run_dir = self.run_dir(cell)
+            with _locked(self.root / ".locks" / f"{cell.run_key.replace('/', '__')}.lock"):
+                if run_dir.exists() and any(run_dir.iterdir()):
+                    continue  # the item reports the refusal
+                job = self._prepare(cell, mode, run_dir, env_hook)
+                self.launcher.start(job)
+                self.pending[cell.run_key] = job
+                started += 1
+        return started
+
+    def _wait(self, cell: Cell, job: CellJob) -> Outcome:
+        """Wait for the launcher's outcome. Local runs are sampled for contamination on this host;
+        a Slurm job runs on a compute node this process cannot sample, so its run directory gets
+        no `contamination.json` and its timings are "not measured" (fail closed)."""
+        if self.matrix.runner.launcher != "local":
+            return self.launcher.wait(job)
+        with contamination.watch(root=self.root, run_dir=job.run_dir, run_id=self.run_id(cell),
+                                 backend=self.matrix.hardware[cell.hardware].backend, env=job.env,
+                                 policy=Policy(**self.matrix.performance.model_dump())):
+            return self.launcher.wait(job)
+
+    def _execute(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
+                 blockers: list[list[str]]) -> dict[str, Any]:
+        job = self.pending.pop(cell.run_key, None) or self._prepare(cell, mode, run_dir, env_hook)
+        command, recorded = job.command, job.recorded
         if blockers:
             write_json_atomic(run_dir / "capability-decision.json", {
                 "mode": mode, "blockers": blockers,
@@ -225,27 +291,46 @@ class MatrixSession:
             })
         if blockers and mode == "strict":
             now = datetime.now(UTC).isoformat(timespec="seconds")
-            result = RunResult(command=command if isinstance(command, str) else list(command),
-                               exit_code=None, timed_out=False, interrupted=False,
-                               wall_time=0.0, started=now, finished=now)
+            result = RunResult(command=command, exit_code=None, timed_out=False,
+                               interrupted=False, wall_time=0.0, started=now, finished=now)
             (run_dir / "exit-code").write_text("not-started\n")
             return self._finish(cell, mode, run_dir, result, recorded, blockers)
-        report_progress = self.progress
-
-        def progress(elapsed: float, line: str) -> None:
-            if report_progress is not None:
-                report_progress(cell, elapsed, line)
-
-        result = run_cell_command(command, cwd=cwd, env=env, timeout=self.matrix.runner.timeout,
-                                  artifact_dir=run_dir, progress=progress,
-                                  progress_every=self.progress_every)
-        record = self._finish(cell, mode, run_dir, result, recorded, blockers)
-        if result.interrupted:
+        outcome = self._wait(cell, job)
+        record = self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome)
+        if (self.launcher.retryable(outcome) and job.attempt == 1
+                and not outcome.result.interrupted):
+            retry_dir = run_dir.with_name(f"{run_dir.name}.attempt2")
+            if retry_dir.exists():
+                return record  # never overwrite
+            meta_path = run_dir / CELL_RUN_FILE
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta["superseded_by"] = str(retry_dir.relative_to(self.root))
+            write_json_atomic(meta_path, meta)
+            retry = self._prepare(cell, mode, retry_dir, env_hook, attempt=2)
+            first = {"artifact_dir": str(run_dir.relative_to(self.root)),
+                     **(outcome.scheduler or {})}
+            outcome = self._wait(cell, retry)
+            if outcome.scheduler is not None:
+                outcome.scheduler["previous_attempts"] = [first]
+            record = self._finish(cell, mode, retry_dir, outcome.result, retry.recorded,
+                                  blockers, outcome)
+        if outcome.result.interrupted:
             raise KeyboardInterrupt
         return record
 
     def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,
-                recorded: Mapping[str, str], blockers: list[list[str]]) -> dict[str, Any]:
+                recorded: Mapping[str, str], blockers: list[list[str]],
+                outcome: Outcome | None = None) -> dict[str, Any]:
+        fingerprints: dict[str, str] = dict(self.fingerprints)
+        scheduler = outcome.scheduler if outcome is not None else None
+        if scheduler is not None:
+            # The node's fingerprints, never the login node's; none when the job's probe failed.
+            fingerprints = dict(outcome.fingerprints or {})  # type: ignore[union-attr]
+            node_pre = outcome.node_preflight  # type: ignore[union-attr]
+            if node_pre is not None:
+                from pytest_rlkernel_matrix.preflight import detect_hardware
+
+                scheduler["node_hardware"] = detect_hardware(node_pre, self.matrix.hardware)
         meta = {
             "session": self.token,
             "cell": cell_to_dict(cell),
@@ -255,10 +340,13 @@ class MatrixSession:
             "run": result.as_dict(),
             "timeout": self.matrix.runner.timeout,
             "warmup": self.matrix.runner.warmup,
+            "performance_policy": self.matrix.performance.model_dump(),
             "env": {k: ("<redacted>" if is_secret(k) else v) for k, v in recorded.items()},
-            "fingerprints": self.fingerprints,
+            "fingerprints": fingerprints,
             "preflight_blockers": blockers,
         }
+        if scheduler is not None:
+            meta["scheduler"] = scheduler
         write_json_atomic(run_dir / CELL_RUN_FILE, meta)
         record = self._analyze(run_dir, cell)
         write_json_atomic(run_dir / RECORD_CACHE, record)
@@ -266,7 +354,7 @@ class MatrixSession:
 
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:
         gaps = self.matrix.hardware[cell.hardware].expect_unsupported
-        return analyze_run(run_dir, gaps=gaps, fingerprints=self.fingerprints)
+        return analyze_run(run_dir, gaps=gaps)
 
     def _label(self, record: dict[str, Any], cell: Cell) -> dict[str, Any]:
         out = alias_record(record, cell)

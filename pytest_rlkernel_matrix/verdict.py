@@ -5,7 +5,9 @@
 - numeric: the drift satisfies the contract the *backends declared* (no tolerance is invented
   here: with a production side involved there is no contract, the drift is reported only);
 - performance: phase wall-clock is present and not contaminated (profiler, debug readback,
-  checkpoint write, first compile) and the route is the requested one.
+  checkpoint write, first compile; measured host/device contention, see contamination.py), with
+  enough measured steps and a spread under the declared limit (stats.py), and the route is the
+  requested one.
 
 A process that exits 0 never makes a cell valid by itself, and a silent fallback is never
 R evidence: R is proven by a readback, or disproven by the numeric contract.
@@ -13,14 +15,19 @@ R evidence: R is proven by a readback, or disproven by the numeric contract.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix.cells import Cell
+from pytest_rlkernel_matrix.contamination import judge as contamination_judge
+from pytest_rlkernel_matrix.contamination import read_measurement
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, Route
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
+from pytest_rlkernel_matrix.stats import Policy
 from pytest_rlkernel_matrix.terms import MODULES
 
 IMPLEMENTATION = {"P": "production", "R": "rl_kernel"}
@@ -241,11 +248,16 @@ def _judge_numeric(ev: Evidence, mode: str) -> tuple[Judgement, dict[str, Any], 
 def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mode: str,
                        warmup: int) -> Judgement:
     perf = Judgement()
-    medians, _ = ev.log.phases(warmup)
+    medians, spread = ev.log.phases(warmup)
     missing = [k for k in ("rollout_wall_time", "training_wall_time", "step_wall_time")
                if medians.get(k) is None]
     if missing:
         perf.fail(f"no phase wall-clock in run.log for {', '.join(missing)}")
+    policy = _performance_policy(ev.root)
+    for reason in _timing_noise(spread, policy):
+        perf.fail(reason)
+    for reason in contamination_judge(read_measurement(ev.root), policy):
+        perf.fail(reason)
     for key, label in CONTAMINATING_ENV.items():
         if env.get(key, "0") not in ("", "0", "false"):
             perf.fail(f"contaminated: {label} ({key}={env[key]})")
@@ -255,6 +267,36 @@ def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mod
         why = "auto-mode fallback" if mode == "auto" else "the requested route did not run"
         perf.fail(f"not usable for RL-Kernel performance conclusions: {why}")
     return perf
+
+
+def _performance_policy(root: Path) -> Policy:
+    """The limits the run was recorded with (cell-run.json), else the documented defaults."""
+    try:
+        meta = json.loads((root / "cell-run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return Policy()
+    return Policy.from_mapping(meta.get("performance_policy") if isinstance(meta, dict) else None)
+
+
+def _timing_noise(spread: Mapping[str, Any], policy: Policy) -> list[str]:
+    """Too few measured steps, or a spread past the declared limit, per timed phase."""
+    why: list[str] = []
+    for key in ("step_wall_time", "rollout_wall_time", "training_wall_time"):
+        s = spread.get(key)
+        if not isinstance(s, Mapping):
+            continue
+        label = key.removesuffix("_wall_time")
+        if s["n"] < policy.min_steps:
+            why.append(f"noise: {s['n']} measured step(s), the declared minimum is "
+                       f"{policy.min_steps} ([performance] min_steps; raise [runner] repeats)")
+            break
+        rel = s.get("relative_spread")
+        if rel is None or rel > policy.max_relative_spread:
+            shown = "undefined" if rel is None else f"{rel:.0%}"
+            why.append(f"noise: {label} time spread (max-min)/median {shown} > "
+                       f"{policy.max_relative_spread:.0%} (n={s['n']}, "
+                       f"{s['min']:.3g}-{s['max']:.3g} s)")
+    return why
 
 
 def _gap(cell: Cell, gaps: Sequence[ExpectedGap]) -> ExpectedGap | None:

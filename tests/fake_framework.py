@@ -3,6 +3,7 @@ RL-Kernel-format artifacts, with one planted fault chosen by `FAKE_SCENARIO`.
 
 Scenarios: clean (default), silent_fallback, recorded_fallback, unsupported, contract_mismatch,
 stale_weight, crash, hang, nan, missing_readback, build_failure, no_perf, profiler, slow.
+`FAKE_STEP_TIMES` / `FAKE_BUSY_SECONDS`: measured step times to print and seconds to stay alive.
 `FAKE_ONLY_WHEN=<cases key>` (e.g. `A-RR_F-RR_L-RR`) plants the fault in that run only.
 A P side adds a deterministic drift to that side's logprobs, so P cells drift and R/R does not.
 
@@ -178,10 +179,16 @@ def main() -> int:
     if scenario == "profiler":
         print("[RL-Kernel][contamination] profiler=1")
     if scenario != "no_perf":
-        print("perf 0: {'perf/rollout_time': 1.5, 'perf/tokens_per_gpu_per_sec': 1000.0}")
-        print("perf 0: {'perf/step_time': 3.25, 'perf/train_time': 1.25, "
-              "'perf/update_weights_time': 0.5, 'perf/tokens_per_sec': 800.0, "
-              "'perf/peak_memory_bytes': 1048576}")
+        # FAKE_STEP_TIMES="1.0,2.5,...": one perf record per step with that step time (rollout
+        # 46%, training 38% of it); FAKE_BUSY_SECONDS keeps the process alive that long.
+        times = [float(t) for t in env.get("FAKE_STEP_TIMES", "3.25").split(",") if t.strip()]
+        for i, t in enumerate(times):
+            print(f"perf {i}: {{'perf/rollout_time': {t * 1.5 / 3.25!r}, "
+                  "'perf/tokens_per_gpu_per_sec': 1000.0}")
+            print(f"perf {i}: {{'perf/step_time': {t!r}, 'perf/train_time': {t * 1.25 / 3.25!r}, "
+                  "'perf/update_weights_time': 0.5, 'perf/tokens_per_sec': 800.0, "
+                  "'perf/peak_memory_bytes': 1048576}")
+    time.sleep(float(env.get("FAKE_BUSY_SECONDS", "0")))
     return exit_code
 
 

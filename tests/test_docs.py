@@ -164,6 +164,8 @@ SECTION_MODELS: dict[str, type[BaseModel]] = {
     "matrix": matrix.MatrixSection,
     "runner": matrix.RunnerSection,
     "preflight": matrix.PreflightSection,
+    "runner.slurm": matrix.SlurmSection,
+    "performance": matrix.PerformanceSection,
 }
 MENTION_RE = re.compile(r"`\[([a-z0-9_.<>-]+)\] ([a-z_]+)`")
 

@@ -20,13 +20,16 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
+from .graphs import DecodeRunner
 from .kernels import (
     MODULES,
     R_BACKEND_IDS,
     R_CONTRACT_VERSION,
     SideKernels,
     Tiling,
+    r_backend,
     runtime_platform,
 )
 from .model import (
@@ -167,7 +170,8 @@ def resolve_route(env: Env, side: str, drill: FaultDrill | None, platform: str) 
     return Route(side, req, actual, claimed, fallbacks, unsupported)
 
 
-def readback(env: Env, route: Route, kernels: SideKernels, platform: str) -> dict:
+def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
+             execution_mode: str = "eager") -> dict:
     """The RL-Kernel readback dict for one side (``rlkernel.debug_matrix.v1`` plan)."""
     fw = kernels.framework
     plan = {m: {"module": m, "case_id": env.cases[m],
@@ -179,7 +183,8 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str) -> dic
         prov: dict[str, object] = {
             "interface": f"pytest_rlkernel_matrix.workload.kernels.{m}",
             "operator": f"qwen3.{m}", "fallback": any(f["module"] == m for f in route.fallbacks),
-            "execution": {"runtime_platform": platform, "triton_used": False,
+            "execution": {"runtime_platform": platform,
+                          "triton_used": kernels.module(m).uses_triton,
                           "tp_world_size": 1, "cp_world_size": 1}}
         if impl == "rl_kernel":
             prov.update(contract_version=R_CONTRACT_VERSION, arithmetic_contract="bitwise",
@@ -188,7 +193,7 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str) -> dic
             "framework": fw, "target": route.side, "module": m, "case_id": env.cases[m],
             "implementation": impl,
             "backend_id": R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}",
-            "call_count": kernels.module(m).call_count, "execution_mode": "eager",
+            "call_count": kernels.module(m).call_count, "execution_mode": execution_mode,
             "provenance": prov}
     decisions = [{"capability": "device", "requested": platform, "supported": False,
                   "passed": False, "reason": why} for why in route.unsupported.values()]
@@ -207,13 +212,13 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str) -> dic
 
 
 def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideKernels],
-                    platform: str) -> None:
+                    platform: str, modes: dict[str, str] | None = None) -> None:
     if env.mode == "off":
         return
     for side in SIDES:
         k = kernels[side]
         write_json(env.readback_dir / f"{k.framework}-{side}-{os.getpid()}.json",
-                   readback(env, routes[side], k, platform))
+                   readback(env, routes[side], k, platform, (modes or {}).get(side, "eager")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +232,8 @@ class Rollout:
     tokens: list[Tensor]
     prompt_lengths: list[int]
     logprobs: list[Tensor]
+    execution_mode: str = "eager"  # of the decode steps (graphs.DecodeRunner)
+    fallback_reason: str = ""
 
 
 def sample_top_p(logprobs: Tensor, top_p: float, gen: torch.Generator) -> Tensor:
@@ -240,8 +247,12 @@ def sample_top_p(logprobs: Tensor, top_p: float, gen: torch.Generator) -> Tensor
 
 
 def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: list[int],
-                temperature: float, top_p: float, gen: torch.Generator) -> Rollout:
-    """vLLM-style generation: per-prompt prefill, then batched decode that shrinks."""
+                temperature: float, top_p: float, gen: torch.Generator,
+                graphs: bool = False) -> Rollout:
+    """vLLM-style generation: per-prompt prefill, then batched decode that shrinks.
+
+    ``graphs``: decode steps replay CUDA/HIP graphs at fixed batch buckets (``graphs.py``).
+    """
     dev = prompts[0].device
     eos = model.cfg.eos_token_id
     lengths = torch.tensor([p.numel() for p in prompts], device=dev)
@@ -253,13 +264,15 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
     pos = torch.arange(width, device=dev)[None].expand(len(prompts), width)
     hp = model.hidden(k, batch, pos, caches)
     h = hp[torch.arange(len(prompts), device=dev), lengths - 1]
+    runner = DecodeRunner(model, k, caches, temperature, True) if graphs else None
     out_tok: list[list[int]] = [[] for _ in prompts]
     out_lp: list[list[float]] = [[] for _ in prompts]  # fp32 values, exact as Python floats
     active = torch.arange(len(prompts), device=dev)
+    lp = model.logprobs(k, h, temperature)
     while True:
-        lp = model.logprobs(k, h, temperature)
-        tok = sample_top_p(lp, top_p, gen)
-        sel = lp.gather(-1, tok[:, None])[:, 0].float().cpu().tolist()
+        with record_function("rlk.sample"):
+            tok = sample_top_p(lp, top_p, gen)
+            sel = lp.gather(-1, tok[:, None])[:, 0].float().cpu().tolist()
         done = []
         for i, t, s in zip(active.tolist(), tok.tolist(), sel, strict=True):
             out_tok[i].append(t)
@@ -271,13 +284,23 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
         if not bool(keep.all()):  # finished sequences leave the batch; their cache is freed
             rows = keep.nonzero()[:, 0]
             active, tok, lengths = active[rows], tok[rows], lengths[rows]
-            caches = [c.select(rows) for c in caches]
-        h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
+            if runner is None:
+                caches = [c.select(rows) for c in caches]
+            else:
+                runner.keep(rows)
+        with record_function("rlk.decode"):
+            if runner is None:
+                h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
+                lp = model.logprobs(k, h, temperature)
+            else:
+                lp = runner.step(tok, lengths)
         lengths = lengths + 1
     return Rollout([torch.cat([p, torch.tensor(t, device=dev)])
                     for p, t in zip(prompts, out_tok, strict=True)],
                    [p.numel() for p in prompts],
-                   [torch.tensor(x, dtype=torch.float32) for x in out_lp])
+                   [torch.tensor(x, dtype=torch.float32) for x in out_lp],
+                   runner.execution_mode if runner else "eager",
+                   runner.fallback_reason if runner else "")
 
 
 def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, temperature: float,
@@ -370,8 +393,11 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
 
     routes = {s: resolve_route(env, s, drill, platform) for s in SIDES}
     tiling = Tiling.for_device(device, max_seq)
-    kernels = {s: SideKernels.build(s, routes[s].actual, dtype, tiling, cfg.rms_norm_eps)
-               for s in SIDES}
+    backend = r_backend(device)
+    graphs = device.type == "cuda" and os.environ.get("RLK_REF_DECODE_GRAPHS", "1") != "0"
+    kernels = {s: SideKernels.build(s, routes[s].actual, dtype, tiling, cfg.rms_norm_eps,
+                                    backend) for s in SIDES}
+    modes = {s: "eager" for s in SIDES}
     manifest = {
         "schema_version": "rlk-reference.manifest.v1", "run_id": env.run_id, "mode": env.mode,
         "cases": env.cases, "preset": args.preset, "dtype": args.dtype, "device": str(device),
@@ -383,6 +409,7 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
                      "eos_token_id": cfg.eos_token_id},
         "micro_batch_size": micro_batch, "max_seq_len": max_seq, "steps": args.steps,
         "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
+        "r_backend": backend, "decode_graphs": graphs,
         "fault_drill": None if drill is None else {
             **asdict(drill),
             "applied": drill.kind == "corrupt_weight" or (
@@ -450,7 +477,13 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
         t1 = time.perf_counter()
         with torch.inference_mode():
             ro = run_rollout(rollout_model, kernels["rollout"], prompts, max_new,
-                             args.temperature, args.top_p, samp_gen)
+                             args.temperature, args.top_p, samp_gen, graphs)
+        if step == 0 or ro.execution_mode == "eager":  # graphs only if every step had them
+            modes["rollout"] = ro.execution_mode
+        if step == 0:
+            print(f"[rlk-reference] rollout decode execution_mode={ro.execution_mode} "
+                  f"r_backend={backend}" + (f" reason={ro.fallback_reason}"
+                                            if ro.fallback_reason else ""))
         sync(device)
         t_roll = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -487,7 +520,7 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
             "perf/tokens_per_sec": round(active / t_step, 3),
             "perf/peak_memory_bytes": peak}))
         sys.stdout.flush()
-    write_readbacks(env, routes, kernels, platform)
+    write_readbacks(env, routes, kernels, platform, modes)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
     write_json(env.artifact_dir / "manifest.json", manifest)
     if env.mode == "strict" and any(routes[s].fallbacks for s in SIDES):

@@ -15,19 +15,28 @@ shape whatever the batch, the sequence packing or prefill-vs-decode: rows are pr
 fixed-size row tiles, core attention in fixed-size problem chunks over a fixed key span
 (``max_seq_len``), all in fp32. So each row sees exactly the same kernels and reduction order,
 which makes the selected logprobs bitwise identical between rollout and training.
+
+On a GPU with Triton, R runs the batch-invariant kernels of ``triton_kernels.py`` instead (bf16
+operands, fp32 accumulation, one fixed configuration per dtype): ``r_backend`` is the one place
+that chooses. The CPU R path above is unchanged.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .model import AttnInputs, LayerWeights
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 MODULES = ("attention", "ffn", "logp")
 R_BACKEND_IDS = {
@@ -44,6 +53,27 @@ def runtime_platform(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
     return "rocm" if torch.version.hip else "cuda"
+
+
+def _tk() -> ModuleType:
+    """``triton_kernels``, imported on first GPU use (a CPU run never imports Triton)."""
+    from . import triton_kernels
+
+    return triton_kernels
+
+
+def r_backend(device: torch.device) -> str:
+    """The R implementation for a device: ``triton`` on a GPU with Triton, else ``torch``.
+
+    Set ``RLK_REF_R_BACKEND=torch`` to force the tiled-torch R path on a GPU (comparisons).
+    """
+    forced = os.environ.get("RLK_REF_R_BACKEND", "").strip()
+    usable = device.type == "cuda" and _tk().available(device)
+    if forced in ("torch", "triton"):
+        if forced == "triton" and not usable:
+            raise RuntimeError(f"RLK_REF_R_BACKEND=triton but Triton cannot run on {device}")
+        return forced
+    return "triton" if usable else "torch"
 
 
 @dataclass(frozen=True)
@@ -150,12 +180,17 @@ class ModuleKernel:
     dtype: torch.dtype
     tiling: Tiling
     eps: float
+    backend: str = "torch"  # R only: torch (tiled fp32, CPU) | triton (GPU kernels)
     call_count: int = 0
     _cache: dict[tuple[int, str], Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def framework(self) -> str:
         return FRAMEWORK[self.target]
+
+    @property
+    def uses_triton(self) -> bool:
+        return self.implementation == "rl_kernel" and self.backend == "triton"
 
     @property
     def backend_id(self) -> str:
@@ -183,6 +218,8 @@ class AttentionKernel(ModuleKernel):
 
     def __call__(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
         self.call_count += 1
+        if self.uses_triton:
+            return self._r_triton(x, lw, inp)
         if self.implementation == "rl_kernel":
             return self._r(x, lw, inp)
         return self._p(x, lw, inp)
@@ -223,6 +260,24 @@ class AttentionKernel(ModuleKernel):
         return r_matmul(o.reshape(b * t, hq * d), wo, self.tiling.row_tile).to(
             self.dtype).reshape(b, t, h)
 
+    def _r_triton(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
+        tk = _tk()
+        b, t, h = x.shape
+        d = lw.q_norm.shape[0]
+        hq, hkv = lw.q_proj.shape[0] // d, lw.k_proj.shape[0] // d
+        wqkv = self._weight((lw.index, "qkv"), lambda: torch.cat(
+            [lw.q_proj, lw.k_proj, lw.v_proj]).contiguous())
+        xn = tk.rmsnorm(x.reshape(b * t, h), lw.input_norm, self.eps, self.dtype)
+        qkv = tk.matmul(xn, wqkv, torch.float32)
+        q, k, v = tk.qk_norm_rope(qkv, inp.cos.reshape(b * t, d), inp.sin.reshape(b * t, d),
+                                  lw.q_norm, lw.k_norm, hq, hkv, self.eps, self.dtype)
+        q, k, v = q.reshape(b, t, hq, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
+        if inp.cache is not None:
+            self._write_cache(inp, k, v)
+            k, v = inp.cache.k, inp.cache.v
+        o = tk.attention(q, k, v, inp.positions)
+        return tk.matmul(o.reshape(b * t, hq * d), lw.o_proj, self.dtype).reshape(b, t, h)
+
     def _p(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
         b, t, _ = x.shape
         d = lw.q_norm.shape[0]
@@ -247,13 +302,14 @@ class AttentionKernel(ModuleKernel):
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1),
                 v.transpose(1, 2).repeat_interleave(g, 1), is_causal=True)
-        else:  # rollout decode against the KV cache
+        else:  # rollout decode: the KV cache read in place, query heads grouped per KV head
             span = inp.span
-            kc = inp.cache.k[:, :span].transpose(1, 2).repeat_interleave(g, 1)
-            vc = inp.cache.v[:, :span].transpose(1, 2).repeat_interleave(g, 1)
+            kc = inp.cache.k[:, :span].transpose(1, 2)  # [B, Hkv, span, D] views, no copy
+            vc = inp.cache.v[:, :span].transpose(1, 2)
             mask = torch.arange(span, device=x.device)[None, :] <= inp.positions
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc,
+            o = F.scaled_dot_product_attention(q.reshape(b, hkv, g, d), kc, vc,
                                                attn_mask=mask[:, None, None, :])
+            return F.linear(o.reshape(b, t, hq * d), lw.o_proj)
         return F.linear(o.transpose(1, 2).reshape(b, t, hq * d), lw.o_proj)
 
 
@@ -264,6 +320,13 @@ class FfnKernel(ModuleKernel):
         self.call_count += 1
         b, t, h = x.shape
         inter = lw.gate_proj.shape[0]
+        if self.uses_triton:
+            tk = _tk()
+            wgu = self._weight((lw.index, "gu"), lambda: torch.cat(
+                [lw.gate_proj, lw.up_proj]).contiguous())
+            xn = tk.rmsnorm(x.reshape(b * t, h), lw.post_norm, self.eps, self.dtype)
+            act = tk.swiglu(tk.matmul(xn, wgu, torch.float32), self.dtype)
+            return tk.matmul(act, lw.down_proj, self.dtype).reshape(b, t, h)
         if self.implementation == "rl_kernel":
             wgu = self._weight((lw.index, "gu"), lambda: torch.cat(
                 [lw.gate_proj, lw.up_proj]).float().t().contiguous())
@@ -304,9 +367,27 @@ class LogpKernel(ModuleKernel):
             h.shape[0], dtype=torch.long, device=h.device)
         return _tiled(tile, self.tiling.row_tile, h, tt)[0]
 
+    def _r_triton(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor | None,
+                  temperature: float) -> Tensor:
+        """Chunked over rows; per row: fp32 logits, fixed-order log-sum-exp, ``z - lse``."""
+        tk = _tk()
+        hn = tk.rmsnorm(h, norm_w, self.eps, self.dtype)
+        outs = []
+        for s, z in tk.logits_chunks(hn, lm_head, temperature):
+            lse = tk.logsumexp(z)
+            if targets is None:
+                outs.append(z.sub_(lse[:, None]))
+            else:
+                outs.append(z.gather(-1, targets[s:s + z.shape[0], None])[:, 0] - lse)
+        if len(outs) == 1:
+            return outs[0]
+        return torch.cat(outs) if outs else h.new_empty((0,), dtype=torch.float32)
+
     def full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, temperature: float) -> Tensor:
         """fp32 log-probabilities ``[N, V]`` (rollout sampling path)."""
         self.call_count += 1
+        if self.uses_triton:
+            return self._r_triton(h, norm_w, lm_head, None, temperature)
         if self.implementation == "rl_kernel":
             return self._r_tiles(h, norm_w, lm_head, None, temperature)
         logits = F.linear(self._p_norm(h, norm_w), lm_head)
@@ -318,6 +399,8 @@ class LogpKernel(ModuleKernel):
                  temperature: float) -> Tensor:
         """fp32 log-probability of ``targets`` (training recompute path)."""
         self.call_count += 1
+        if self.uses_triton:
+            return self._r_triton(h, norm_w, lm_head, targets, temperature)
         if self.implementation == "rl_kernel":
             return self._r_tiles(h, norm_w, lm_head, targets, temperature)
         logits = F.linear(self._p_norm(h, norm_w), lm_head)
@@ -345,12 +428,14 @@ class SideKernels:
 
     @classmethod
     def build(cls, target: str, impls: dict[str, str], dtype: torch.dtype, tiling: Tiling,
-              eps: float) -> SideKernels:
-        """``impls`` maps module -> ``production`` | ``rl_kernel`` (what really runs)."""
+              eps: float, backend: str = "torch") -> SideKernels:
+        """``impls`` maps module -> ``production`` | ``rl_kernel`` (what really runs);
+        ``backend`` is the R implementation (``r_backend(device)``)."""
         return cls(target,
-                   AttentionKernel("attention", target, impls["attention"], dtype, tiling, eps),
-                   FfnKernel("ffn", target, impls["ffn"], dtype, tiling, eps),
-                   LogpKernel("logp", target, impls["logp"], dtype, tiling, eps))
+                   AttentionKernel("attention", target, impls["attention"], dtype, tiling, eps,
+                                   backend),
+                   FfnKernel("ffn", target, impls["ffn"], dtype, tiling, eps, backend),
+                   LogpKernel("logp", target, impls["logp"], dtype, tiling, eps, backend))
 
     def module(self, name: str) -> ModuleKernel:
         return {"attention": self.attention, "ffn": self.ffn, "logp": self.logp}[name]

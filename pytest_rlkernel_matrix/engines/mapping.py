@@ -1,0 +1,167 @@
+"""Hugging Face Qwen3 <-> Megatron-core ``GPTModel`` (local layer spec) weight mapping.
+
+Pure torch, no Megatron import, so it is unit-tested without the ``[engines]`` extra.
+
+Per layer ``i`` (``L = decoder.layers.i.``), for a module on the **P** path (Megatron's own):
+
+=====================================  ===============================================
+Hugging Face                           Megatron-core
+=====================================  ===============================================
+``model.embed_tokens.weight``          ``embedding.word_embeddings.weight``
+``...input_layernorm.weight``          ``L input_layernorm.weight``
+``...self_attn.{q,k,v}_proj.weight``   ``L self_attention.linear_qkv.weight``: per query
+                                       group ``j``: ``[q heads of j; k head j; v head j]``
+``...self_attn.o_proj.weight``         ``L self_attention.linear_proj.weight``
+``...self_attn.{q,k}_norm.weight``     ``L self_attention.{q,k}_layernorm.weight``
+``...post_attention_layernorm.weight`` ``L pre_mlp_layernorm.weight``
+``...mlp.{gate,up}_proj.weight``       ``L mlp.linear_fc1.weight`` = ``[gate; up]``
+``...mlp.down_proj.weight``            ``L mlp.linear_fc2.weight``
+``model.norm.weight``                  ``decoder.final_layernorm.weight``
+``lm_head.weight``                     ``output_layer.weight``
+=====================================  ===============================================
+
+A module on the **R** path is an RL-Kernel module plugged in through ``ModuleSpec`` that owns
+its weights in Hugging Face layout (the R kernels fuse them themselves), so its tensors keep the
+Hugging Face leaf names under the Megatron submodule: attention R -> ``L self_attention.<leaf>``
+for the seven attention tensors including ``input_layernorm`` (the spec's own input norm is
+``IdentityOp``); FFN R -> ``L mlp.<leaf>`` including ``post_attention_layernorm``; logp R ->
+``logp_head.{norm,lm_head}.weight`` (the model is built with ``post_process=False`` and the head
+does final norm + LM head + log-softmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+ATTN_LEAVES = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+FFN_LEAVES = ("post_attention_layernorm", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the mapping needs of the architecture."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> Shape:
+        return cls(cfg["num_hidden_layers"], cfg["num_attention_heads"],
+                   cfg["num_key_value_heads"],
+                   cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def _hf_attn(i: int, leaf: str) -> str:
+    if leaf in ("input_layernorm",):
+        return f"model.layers.{i}.input_layernorm.weight"
+    return f"model.layers.{i}.self_attn.{leaf}.weight"
+
+
+def _hf_ffn(i: int, leaf: str) -> str:
+    if leaf == "post_attention_layernorm":
+        return f"model.layers.{i}.post_attention_layernorm.weight"
+    return f"model.layers.{i}.mlp.{leaf}.weight"
+
+
+def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, s: Shape) -> Tensor:
+    """Megatron's grouped QKV layout from HF's separate q/k/v projections."""
+    d, ng = s.head_dim, s.num_kv_heads
+    g = s.num_heads // ng
+    h = q.shape[-1]
+    qg = q.reshape(ng, g * d, h)
+    return torch.cat([qg, k.reshape(ng, d, h), v.reshape(ng, d, h)], dim=1).reshape(-1, h)
+
+
+def split_qkv(w: Tensor, s: Shape) -> tuple[Tensor, Tensor, Tensor]:
+    """Inverse of :func:`fuse_qkv`."""
+    d, ng = s.head_dim, s.num_kv_heads
+    g = s.num_heads // ng
+    h = w.shape[-1]
+    grouped = w.reshape(ng, (g + 2) * d, h)
+    q, k, v = grouped.split([g * d, d, d], dim=1)
+    return q.reshape(-1, h), k.reshape(-1, h), v.reshape(-1, h)
+
+
+def hf_to_megatron(hf: dict[str, Tensor], s: Shape, impls: dict[str, str]) -> dict[str, Tensor]:
+    """HF state dict -> Megatron state dict for the route ``impls`` (module -> implementation)."""
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    for i in range(s.num_layers):
+        p = f"decoder.layers.{i}."
+        if impls["attention"] == "rl_kernel":
+            for leaf in ATTN_LEAVES:
+                out[f"{p}self_attention.{leaf}.weight"] = hf[_hf_attn(i, leaf)]
+        else:
+            out[p + "input_layernorm.weight"] = hf[_hf_attn(i, "input_layernorm")]
+            out[p + "self_attention.linear_qkv.weight"] = fuse_qkv(
+                hf[_hf_attn(i, "q_proj")], hf[_hf_attn(i, "k_proj")], hf[_hf_attn(i, "v_proj")], s)
+            out[p + "self_attention.linear_proj.weight"] = hf[_hf_attn(i, "o_proj")]
+            out[p + "self_attention.q_layernorm.weight"] = hf[_hf_attn(i, "q_norm")]
+            out[p + "self_attention.k_layernorm.weight"] = hf[_hf_attn(i, "k_norm")]
+        if impls["ffn"] == "rl_kernel":
+            for leaf in FFN_LEAVES:
+                out[f"{p}mlp.{leaf}.weight"] = hf[_hf_ffn(i, leaf)]
+        else:
+            out[p + "pre_mlp_layernorm.weight"] = hf[_hf_ffn(i, "post_attention_layernorm")]
+            out[p + "mlp.linear_fc1.weight"] = torch.cat(
+                [hf[_hf_ffn(i, "gate_proj")], hf[_hf_ffn(i, "up_proj")]])
+            out[p + "mlp.linear_fc2.weight"] = hf[_hf_ffn(i, "down_proj")]
+    if impls["logp"] == "rl_kernel":
+        out["logp_head.norm.weight"] = hf["model.norm.weight"]
+        out["logp_head.lm_head.weight"] = hf["lm_head.weight"]
+    else:
+        out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    return out
+
+
+def megatron_to_hf(mg: dict[str, Tensor], s: Shape, impls: dict[str, str]) -> dict[str, Tensor]:
+    """Inverse of :func:`hf_to_megatron` (used for the training side's weight audit)."""
+    out = {"model.embed_tokens.weight": mg["embedding.word_embeddings.weight"]}
+    for i in range(s.num_layers):
+        p = f"decoder.layers.{i}."
+        if impls["attention"] == "rl_kernel":
+            for leaf in ATTN_LEAVES:
+                out[_hf_attn(i, leaf)] = mg[f"{p}self_attention.{leaf}.weight"]
+        else:
+            out[_hf_attn(i, "input_layernorm")] = mg[p + "input_layernorm.weight"]
+            q, k, v = split_qkv(mg[p + "self_attention.linear_qkv.weight"], s)
+            out[_hf_attn(i, "q_proj")], out[_hf_attn(i, "k_proj")] = q, k
+            out[_hf_attn(i, "v_proj")] = v
+            out[_hf_attn(i, "o_proj")] = mg[p + "self_attention.linear_proj.weight"]
+            out[_hf_attn(i, "q_norm")] = mg[p + "self_attention.q_layernorm.weight"]
+            out[_hf_attn(i, "k_norm")] = mg[p + "self_attention.k_layernorm.weight"]
+        if impls["ffn"] == "rl_kernel":
+            for leaf in FFN_LEAVES:
+                out[_hf_ffn(i, leaf)] = mg[f"{p}mlp.{leaf}.weight"]
+        else:
+            out[_hf_ffn(i, "post_attention_layernorm")] = mg[p + "pre_mlp_layernorm.weight"]
+            gate, up = mg[p + "mlp.linear_fc1.weight"].chunk(2)
+            out[_hf_ffn(i, "gate_proj")], out[_hf_ffn(i, "up_proj")] = gate, up
+            out[_hf_ffn(i, "down_proj")] = mg[p + "mlp.linear_fc2.weight"]
+    if impls["logp"] == "rl_kernel":
+        out["model.norm.weight"] = mg["logp_head.norm.weight"]
+        out["lm_head.weight"] = mg["logp_head.lm_head.weight"]
+    else:
+        out["model.norm.weight"] = mg["decoder.final_layernorm.weight"]
+        out["lm_head.weight"] = mg["output_layer.weight"]
+    return out
+
+
+def as_checkpoint_dtype(weights: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    """Cast to the checkpoint dtype for the audit, refusing any cast that loses bits.
+
+    Megatron keeps some norm weights in fp32; they were loaded from bf16, so the cast back is
+    exact. A value that does not survive the round trip is reported, never rounded away.
+    """
+    out = {}
+    for name, t in weights.items():
+        c = t.detach().to(dtype)
+        if not torch.equal(c.to(t.dtype), t.detach()):
+            raise ValueError(f"weight {name}: {t.dtype} value not representable in {dtype}")
+        out[name] = c
+    return out

@@ -1,0 +1,193 @@
+"""The engines reference job (vLLM rollout + Megatron-core training forward).
+
+Unit tests of the HF <-> Megatron mapping need only torch. The Megatron-core hook tests need the
+``[engines]`` extra (``megatron-core``); the matrix test needs ``vllm`` too and starts one vLLM
+engine per cell (minutes on a 2-core box): it runs only with ``RLK_ENGINES_MATRIX=1`` (CI sets it
+when it installs the extra). Every skip says why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pytest_rlkernel_matrix.engines import mapping  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODULES = ("attention", "ffn", "logp")
+ROUTES = [dict(zip(MODULES, combo, strict=True))
+          for combo in itertools.product(("production", "rl_kernel"), repeat=3)]
+HAVE_MEGATRON = importlib.util.find_spec("megatron") is not None and \
+    importlib.util.find_spec("megatron.core") is not None
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _hf(shape: mapping.Shape, hidden: int = 16, inter: int = 24,
+        vocab: int = 40) -> dict[str, torch.Tensor]:
+    from pytest_rlkernel_matrix.workload.model import ModelConfig, init_weights, weight_names
+
+    cfg = ModelConfig(hidden, shape.num_layers, shape.num_heads, shape.num_kv_heads,
+                      shape.head_dim, inter, vocab)
+    w = init_weights(cfg, 7, torch.bfloat16, torch.device("cpu"))
+    assert sorted(w) == sorted(weight_names(cfg))
+    return w
+
+
+@pytest.mark.parametrize("impls", ROUTES, ids=lambda r: "-".join(v[0] for v in r.values()))
+def test_mapping_round_trips_every_tensor(impls: dict[str, str]) -> None:
+    shape = mapping.Shape(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+    hf = _hf(shape)
+    mg = mapping.hf_to_megatron(hf, shape, impls)
+    back = mapping.megatron_to_hf(mg, shape, impls)
+    assert sorted(back) == sorted(hf)
+    for name, t in hf.items():
+        assert torch.equal(back[name], t), name
+    # every Megatron tensor is used: nothing silently dropped
+    assert sum(t.numel() for t in mg.values()) == sum(t.numel() for t in hf.values())
+
+
+def test_qkv_layout_is_grouped_per_query_group() -> None:
+    shape = mapping.Shape(num_layers=1, num_heads=4, num_kv_heads=2, head_dim=3)
+    h = 5
+    q = torch.arange(4 * 3 * h).reshape(12, h).float()
+    k = 1000 + torch.arange(2 * 3 * h).reshape(6, h).float()
+    v = 2000 + torch.arange(2 * 3 * h).reshape(6, h).float()
+    fused = mapping.fuse_qkv(q, k, v, shape)
+    # group 0: q heads 0,1 then k head 0 then v head 0; group 1 likewise
+    want = torch.cat([q[0:6], k[0:3], v[0:3], q[6:12], k[3:6], v[3:6]])
+    assert torch.equal(fused, want)
+    assert all(torch.equal(a, b) for a, b in
+               zip(mapping.split_qkv(fused, shape), (q, k, v), strict=True))
+
+
+def test_audit_cast_refuses_lossy_values() -> None:
+    ok = mapping.as_checkpoint_dtype({"w": torch.tensor([1.5, 2.0])}, torch.bfloat16)
+    assert ok["w"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"w: torch\.float32 value not representable"):
+        mapping.as_checkpoint_dtype({"w": torch.tensor([1.0 + 2 ** -20])}, torch.bfloat16)
+
+
+def test_checkpoint_writer_is_deterministic_and_never_overwrites(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("safetensors")
+    from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
+    from pytest_rlkernel_matrix.preflight import fingerprint_model_dir
+
+    a, b = write_checkpoint(tmp_path / "a"), write_checkpoint(tmp_path / "b")
+    assert fingerprint_model_dir(a)["sha256"] == fingerprint_model_dir(b)["sha256"]
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and (a / "tokenizer.json").is_file()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "other.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not touching it"):
+        write_checkpoint(tmp_path / "c")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("tokenizers")
+    from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("ck") / "tiny-qwen3")
+
+
+def _trainer(checkpoint: Path, impls: dict[str, str]) -> tuple[object, object, dict]:
+    from pytest_rlkernel_matrix.engines.megatron_side import MegatronTrainer
+    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.model import load_checkpoint
+
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    _, w = load_checkpoint(checkpoint, torch.bfloat16, torch.device("cpu"))
+    k = SideKernels.build("training", impls, torch.bfloat16,
+                          Tiling.for_device(torch.device("cpu"), 64), cfg["rms_norm_eps"])
+    return MegatronTrainer(cfg, w, impls, k, 64), k, w
+
+
+@pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed (the [engines] extra)")
+def test_megatron_hooks_count_calls_and_r_matches_the_builtin_r_path(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.workload.job import (
+        Env,
+        Rollout,
+        readback,
+        resolve_route,
+        run_training,
+    )
+    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.model import Qwen3, load_checkpoint, weights_sha256
+
+    gen = torch.Generator().manual_seed(3)
+    toks = [torch.randint(2, 512, (n,), generator=gen) for n in (14, 20, 9)]
+    plens, order, mb = [5, 8, 4], [2, 0, 1], 2
+    impls = {"attention": "rl_kernel", "ffn": "production", "logp": "rl_kernel"}
+    trainer, k, w = _trainer(checkpoint, impls)
+    lp = trainer.selected_logprobs(toks, plens, mb, order)
+    # 2 layers x 2 micro-batches for attention (R kernel) and FFN (Megatron MLP, pre-hook)
+    assert {m: k.module(m).call_count for m in MODULES} == {"attention": 4, "ffn": 4, "logp": 2}
+    hf_back = mapping.as_checkpoint_dtype(trainer.hf_weights(), torch.bfloat16)
+    assert weights_sha256(hf_back) == weights_sha256(w)  # audit hashes what Megatron loaded
+
+    # R everywhere: Megatron with the R modules equals the built-in workload's R path bitwise
+    r_all = dict.fromkeys(MODULES, "rl_kernel")
+    trainer_r, _, _ = _trainer(checkpoint, r_all)
+    got = trainer_r.selected_logprobs(toks, plens, mb, order)
+    cfg, w2 = load_checkpoint(checkpoint, torch.bfloat16, torch.device("cpu"))
+    ref_k = SideKernels.build("training", r_all, torch.bfloat16,
+                              Tiling.for_device(torch.device("cpu"), 64), cfg.rms_norm_eps)
+    ro = Rollout(toks, plens, [torch.zeros(t.numel() - p) for t, p in zip(toks, plens,
+                                                                          strict=True)])
+    ref = run_training(Qwen3(cfg, w2, 64), ref_k, ro, mb, 1.0, order)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(lp, ref, strict=True))  # P FFN drifts
+
+    monkeypatch.setenv("RL_KERNEL_ARTIFACT_DIR", str(checkpoint.parent / "art"))
+    env = Env.from_environ()
+    env.cases.update(attention="R/R", ffn="P/P", logp="R/R")
+    rb = readback(env, resolve_route(env, "training", None, "cpu"), k, "cpu")
+    assert rb["operators"]["ffn"]["backend_id"] == "megatron.production.ffn"
+    assert rb["operators"]["ffn"]["call_count"] == 4
+    assert rb["operators"]["attention"]["backend_id"] == "rlkernel.attention.deterministic.v1"
+
+
+@pytest.mark.skipif(not (HAVE_VLLM and HAVE_MEGATRON),
+                    reason="vllm / megatron-core not installed (pip install -e '.[engines]')")
+@pytest.mark.skipif(os.environ.get("RLK_ENGINES_MATRIX") != "1",
+                    reason="starts one vLLM engine per cell (minutes each on 2 cores): "
+                    "set RLK_ENGINES_MATRIX=1 to run it (CI does when it installs [engines])")
+def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
+                                                 tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
+
+    write_checkpoint(REPO / ".rlk-engines" / "tiny-qwen3")
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess(
+        f"--rlk-matrix={REPO / 'examples' / 'engines.toml'}", f"--rlk-matrix-root={root}",
+        "-p", "no:cacheprovider", "-k", "attention and (R/R or P/P)")
+    report = json.loads((root / "matrix-report.json").read_text())
+    cells = {(c["module"], c["case"]): c for c in report["cells"]}
+    rr, pp = cells[("attention", "R/R")], cells[("attention", "P/P")]
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert rr["verdict"] == "valid" and rr["contract"] == {"kind": "bitwise"}
+    assert rr["mismatch_count"] == 0 and rr["active_token_count"] > 0
+    assert pp["verdict"] == "valid" and pp["mismatch_count"] > 0
+    assert json.loads((root / "preflight.json").read_text())["checkpoint"]["exists"] is True
+    for cell in (rr, pp):  # readbacks written from inside both engines, counted by the hooks
+        for m in MODULES:
+            for side in ("training", "rollout"):
+                assert cell["routes"][m][side]["call_count"] > 0, (cell["case"], m, side)
+        audit = cell["weight_versions"]["v0"]  # hashed from what each engine loaded
+        assert audit["megatron-training"] == audit["vllm-rollout"]
+    assert rr["routes"]["attention"]["rollout"]["backend_ids"] == [
+        "rlkernel.attention.deterministic.v1"]
+    assert pp["routes"]["attention"]["rollout"]["backend_ids"] == ["vllm.production.attention"]
+    assert pp["routes"]["attention"]["training"]["backend_ids"] == [
+        "megatron.production.attention"]
+    assert any("attention" in a["conclusion"] and "drift" in a["conclusion"]
+               for a in report["attribution"])

@@ -1,0 +1,224 @@
+"""Performance evidence: the statistics rule, contamination measurement, and both in the plugin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_rlkernel_matrix.attribution import attribute, timing_ratio
+from pytest_rlkernel_matrix.cli import markdown_table
+from pytest_rlkernel_matrix.contamination import (
+    judge,
+    parse_compute_apps,
+    parse_gpu_clocks,
+    parse_pid_stat,
+    parse_rocm_pids,
+    read_proc_stat,
+)
+from pytest_rlkernel_matrix.html import phases_svg
+from pytest_rlkernel_matrix.stats import NOISE, Policy, bootstrap_ratio, compare, summary
+
+# -- statistics: known samples -> known interval and decision ----------------------------------
+
+
+def test_bootstrap_interval_of_known_samples() -> None:
+    # The bootstrap median of 5 draws is their 3rd order statistic: P(median <= 10) =
+    # P(Bin(5, 1/5) >= 3) = 5.8% > 2.5% and P(median >= 14) = 5.8%, so the 95% interval of
+    # median(num)/5 is exactly [10/5, 14/5].
+    ratio, low, high = bootstrap_ratio([10.0, 11.0, 12.0, 13.0, 14.0], [5.0] * 5)
+    assert (ratio, low, high) == (pytest.approx(2.4), pytest.approx(2.0), pytest.approx(2.8))
+    assert bootstrap_ratio([1.0, 2.0, 3.0, 4.0, 5.0], [1.0] * 5)[1:] == (1.0, 5.0)
+    # Fixed seed: the same steps give the same interval, run after run.
+    a, b = [1.0, 1.3, 0.9, 1.1, 1.2, 1.0], [1.0, 1.05, 0.95, 1.1, 1.0, 0.9]
+    assert bootstrap_ratio(a, b) == bootstrap_ratio(a, b)
+
+
+def test_rule_decisions() -> None:
+    policy = Policy()
+    slower = compare([10.0, 11.0, 12.0, 13.0, 14.0], [5.0] * 5, policy, "step time, A / B")
+    assert slower.conclusion == "slower" and slower.conclusive
+    assert slower.text() == "step time, A / B 2.40 [2.00, 2.80] 95% CI, n=5/5: slower"
+    assert compare([5.0] * 5, [10.0, 11.0, 12.0, 13.0, 14.0], policy, "x").conclusion == "faster"
+
+    same = compare([1.0, 1.1, 0.9, 1.05, 0.95], [1.0, 0.95, 1.1, 0.9, 1.05], policy, "x")
+    assert same.conclusion == NOISE and same.reasons == ["the 95% interval includes 1"]
+
+    few = compare([2.0, 2.0], [1.0, 1.0], policy, "x")
+    assert few.conclusion == NOISE
+    assert few.reasons == ["numerator has 2 measured steps, minimum 5",
+                           "denominator has 2 measured steps, minimum 5"]
+    assert few.ratio == 2.0  # the figure is still reported
+
+    noisy = compare([2.13, 18.01, 2.2, 2.3, 2.1], [1.0] * 5, policy, "x")
+    assert noisy.conclusion == NOISE
+    assert noisy.reasons[0].startswith("numerator spread 723% of its median (2.1-18 s) > 50%")
+    assert summary([2.0, 4.0, 3.0])["relative_spread"] == pytest.approx(2 / 3)
+    # A looser declared limit turns the same samples into a conclusion.
+    assert compare([2.13, 18.01, 2.2, 2.3, 2.1], [1.0] * 5,
+                   Policy(max_relative_spread=10), "x").conclusion == "slower"
+
+
+def _record(case: str, step: list[float], usable: bool = True) -> dict[str, Any]:
+    med = sorted(step)[len(step) // 2]
+    spread = {k: {"n": len(step), "min": min(step) * f, "max": max(step) * f, "median": med * f,
+                  "steps": [s * f for s in step]}
+              for k, f in (("step_wall_time", 1.0), ("rollout_wall_time", 0.5),
+                           ("training_wall_time", 0.4))}
+    return {"hardware": "cpu", "module": "attention", "case": case, "verdict": "valid",
+            "mismatch_count": 0, "performance_usable": usable,
+            "validity": {"performance": {"reasons": [] if usable else ["contaminated: test"]}},
+            "step_wall_time": med, "rollout_wall_time": med * 0.5,
+            "training_wall_time": med * 0.4, "phase_spread": spread}
+
+
+def test_attribution_states_only_what_the_interval_supports() -> None:
+    slow = [2.0, 2.1, 2.05, 1.95, 2.02]
+    fast = [1.0, 1.02, 0.98, 1.01, 0.99]
+    cells = [_record("R/R", slow), _record("P/R", fast), _record("R/P", slow),
+             _record("P/P", fast)]
+    entry = attribute(cells)[0]
+    assert "R on the training side 102% slower in training than P (training time R/R / P/R " \
+        "2.02 [" in entry["conclusion"]
+    rollout = next(r for r in entry["timing"] if r["label"] == "rollout time R/R / R/P")
+    assert rollout["conclusion"] == NOISE and rollout["low"] <= 1 <= rollout["high"]
+
+    # Contaminated timings never support a statement, whatever the interval says.
+    cells[1] = _record("P/R", fast, usable=False)
+    entry = attribute(cells)[0]
+    assert "slower" not in entry["conclusion"] and "faster" not in entry["conclusion"]
+    assert "no conclusion: noise or contamination (P/R timings not usable" in entry["conclusion"]
+    r = timing_ratio(cells[0], cells[1], "step_wall_time", "step", Policy())
+    assert r.conclusion == NOISE and r.reasons[-1].startswith("denominator P/R timings not usable")
+
+
+def test_table_names_the_ratio_and_shows_the_interval() -> None:
+    cells = [_record("R/R", [2.0, 2.1, 2.05, 1.95, 2.02]),
+             _record("P/P", [1.0, 1.02, 0.98, 1.01, 0.99])]
+    text = "\n".join(markdown_table({"cells": cells}))
+    assert "step time, this cell / R/R baseline [95% CI]" in text
+    assert "step time, R/R run / this module's P/P run (R over P for the module, not the case " \
+        "R/P)" in text
+    assert "| 0.50 [0.48, 0.51] faster |" in text and "| 2.02 [1.95, 2.10] slower |" in text
+
+
+def test_phase_bars_have_whiskers_and_step_counts() -> None:
+    svg = phases_svg(_record("R/R", [2.0, 2.5, 1.5, 2.2, 1.9]))
+    assert svg.count('class="whisker"') == 3  # rollout, training, step (no weight sync)
+    assert "n=5" in svg and "min 1.50s, max 2.50s, n=5 steps" in svg
+
+
+# -- contamination: parsers and the limits -----------------------------------------------------
+
+
+def test_proc_and_gpu_parsers() -> None:
+    assert read_proc_stat("cpu  100 5 50 1000 20 3 2 7 0 0\ncpu0 1 2 3\n") == (167, 1187)
+    stat = "4242 (python (a) b) S 17 4242 4242 0 -1 4194304 10 0 0 0 120 30 4 6 20 0 9 0 1 2 3"
+    assert parse_pid_stat(stat) == (17, 4242, 160)
+    apps = parse_compute_apps("GPU-aa, 1234, 812 MiB\nGPU-bb, 99, 10 MiB\n")
+    assert apps[0] == {"gpu_uuid": "GPU-aa", "pid": 1234, "used_memory": "812 MiB"}
+    clocks = parse_gpu_clocks("0, GPU-aa, 1980, 0x0000000000000000\n1, GPU-bb, 1410, 0x48\n")
+    assert clocks[1] == {"index": 1, "uuid": "GPU-bb", "clocks_sm": 1410, "throttle_active": 0x48}
+    rocm = ("======= ROCm System Management Interface =======\nKFD process information:\n"
+            "PID\tPROCESS NAME\tGPU(s)\tVRAM USED\n31337\tpython3\t1\t1048576\n")
+    assert parse_rocm_pids(rocm) == [31337]
+
+
+def test_judge_limits() -> None:
+    policy = Policy()
+    clean = {"samples": 8, "cpus": 2, "foreign_cpu_share": 0.05, "concurrent_cells": [],
+             "gpu": None, "errors": []}
+    assert judge(clean, policy) == []
+    assert judge(None, policy) == ["contamination not measured (no readable contamination.json)"]
+    busy = dict(clean, foreign_cpu_share=0.6, load1_mean=3.1, load1_max=4.0)
+    assert judge(busy, policy)[0].startswith(
+        "contaminated: processes outside the cell used 60% of the 2 CPUs (limit 25%")
+    other = dict(clean, concurrent_cells=[{"run": "cpu-ffn-P-R", "overlap_s": 4.0,
+                                           "shared_devices": ["cpu:0", "cpu:1"]},
+                                          {"run": "cuda-x", "overlap_s": 9.0,
+                                           "shared_devices": []}])
+    assert judge(other, policy) == [
+        "contaminated: other cells of this session ran on the same devices for 4.0 s (limit "
+        "1 s): cpu-ffn-P-R (4.0 s)"]
+    gpu = dict(clean, gpu={"foreign_processes": {"77": {"visible_here": False}},
+                           "throttle": {"hw_slowdown": 3}, "clocks_sm_min": 900})
+    reasons = judge(gpu, policy)
+    assert reasons[0].startswith("contaminated: 1 other compute process(es) on the cell's GPUs")
+    assert "hw_slowdown in 3 samples" in reasons[1]
+
+
+# -- through the plugin (real subprocesses, the fake framework writing perf lines) -------------
+
+
+def _report(pytester: pytest.Pytester) -> dict[str, Any]:
+    found = list(pytester.path.glob("outputs/rlkernel/*/matrix-report.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
+def _perf_reasons(cell: dict[str, Any]) -> list[str]:
+    return cell["validity"]["performance"]["reasons"]
+
+
+def test_noisy_steps_give_no_conclusion(pytester: pytest.Pytester,
+                                        make_matrix: Callable[..., Path]) -> None:
+    make_matrix(modules='["attention"]',
+                env={"FAKE_STEP_TIMES": "1.0,0.5,2.0,0.7,3.0,1.0,0.6"},
+                extra='[performance]\nmin_steps = 5\n')
+    pytester.runpytest("-p", "no:cacheprovider")
+    report = _report(pytester)
+    for cell in report["cells"]:
+        assert cell["phase_spread"]["step_wall_time"]["steps"] == [1.0, 0.5, 2.0, 0.7, 3.0, 1.0,
+                                                                   0.6]
+        assert cell["performance_usable"] is False
+        assert any(r.startswith("noise: step time spread (max-min)/median 250% > 50% (n=7")
+                   for r in _perf_reasons(cell)), _perf_reasons(cell)
+        assert cell["verdict"] in ("valid", "contract_mismatch")  # drift judged as before
+    conclusion = report["attribution"][0]["conclusion"]
+    assert "no conclusion: noise" in conclusion
+    assert "slower" not in conclusion and "faster" not in conclusion
+
+
+@pytest.fixture
+def cpu_burner() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_cpu_burner_beside_a_cell_is_contamination(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path],
+        cpu_burner: subprocess.Popen[bytes]) -> None:
+    make_matrix(modules='["logp"]', extra='cases = ["R/R"]',
+                env={"FAKE_STEP_TIMES": "1,1,1,1,1,1", "FAKE_BUSY_SECONDS": "2"})
+    pytester.runpytest("-p", "no:cacheprovider")
+    (cell,) = _report(pytester)["cells"]
+    measured = cell["contamination_measured"]
+    assert measured["samples"] >= 3 and measured["foreign_cpu_share"] > 0.25, measured
+    assert any(r.startswith("contaminated: processes outside the cell used")
+               for r in _perf_reasons(cell)), _perf_reasons(cell)
+    assert cell["performance_usable"] is False
+    assert cell["verdict"] == "valid"  # drift verdict unaffected
+
+
+def test_two_xdist_workers_sharing_cpus_are_contamination(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    make_matrix(modules='["logp"]', extra='cases = ["R/R", "P/P"]',
+                env={"FAKE_STEP_TIMES": "1,1,1,1,1,1", "FAKE_BUSY_SECONDS": "4"})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    assert result.ret == 0, result.stdout.str()
+    cells = _report(pytester)["cells"]
+    assert len(cells) == 2
+    for cell in cells:
+        others = cell["contamination_measured"]["concurrent_cells"]
+        assert others and others[0]["shared_devices"], cell["contamination_measured"]
+        assert any(r.startswith("contaminated: other cells of this session ran on the same "
+                                "devices") for r in _perf_reasons(cell)), _perf_reasons(cell)
