@@ -1,6 +1,7 @@
 """`rlk-matrix`: work on matrix roots without re-running cells.
 
-- `rlk-matrix preflight [--output DIR]`: only the preflight (fingerprints, raw command output);
+- `rlk-matrix preflight [--matrix FILE] [--output DIR]`: only the preflight (fingerprints, raw
+  command output, capabilities of the R provider the matrix file uses, the detected profile);
 - `rlk-matrix report <matrix-root> [--output FILE]`: re-read every run directory's artifacts and
   rewrite `matrix-report.json` (the request's `analyze-ablation-matrix.py --matrix-root --output`);
 - `rlk-matrix table <matrix-report.json>`: drift and phase times per cell as a markdown table;
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,10 +25,41 @@ from typing import Any
 from pytest_rlkernel_matrix import __version__
 
 
+def _matrix_file(option: str | None) -> Path | None:
+    """`--matrix PATH`, else `./matrix.toml` when it exists, else None."""
+    if option:
+        return Path(option)
+    default = Path("matrix.toml")
+    return default if default.is_file() else None
+
+
+def _shorten(text: str, width: int) -> str:
+    """One line of at most `width` characters, cut at a word boundary."""
+    return textwrap.shorten(" ".join(str(text).split()), width=max(width, 20), placeholder=" ...")
+
+
+def _wrap(head: str, text: str, width: int, indent: int = 16) -> list[str]:
+    """`head` + `text` wrapped at word boundaries; continuation lines indented."""
+    return textwrap.wrap(head + " ".join(str(text).split()), width=max(width, 40),
+                         subsequent_indent=" " * indent, break_long_words=False,
+                         break_on_hyphens=False) or [head]
+
+
 def _preflight(args: argparse.Namespace) -> int:
     from pytest_rlkernel_matrix import preflight as pf
+    from pytest_rlkernel_matrix.capability import capability_report, runner_capabilities
     from pytest_rlkernel_matrix.report import write_json_atomic
 
+    matrix_path = _matrix_file(args.matrix)
+    matrix = None
+    if matrix_path is not None:
+        from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
+
+        try:
+            matrix = load_matrix(matrix_path)
+        except MatrixFileError as exc:
+            print(f"rlk-matrix: {exc}", file=sys.stderr)
+            return 2
     out = Path(args.output)
     target = out / "preflight.json"
     if target.exists():
@@ -33,19 +68,123 @@ def _preflight(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     raw = out / "preflight-raw"
     raw.mkdir(exist_ok=True)
-    data = pf.collect_preflight(raw_dir=raw)
-    from pytest_rlkernel_matrix.capability import capability_report
+    kwargs: dict[str, object] = {}
+    if matrix is not None:
+        section = matrix.preflight
 
-    data["capabilities"] = capability_report(data, data.get("gpu", {}).get("backend", "cpu"),
-                                             r_provider=args.r_provider)
-    hw, build = pf.fingerprint(data)
-    write_json_atomic(target, data)
+        def where(value: str | None) -> Path | None:
+            return (matrix_path.parent / os.path.expandvars(value)).resolve() if value else None
+
+        kwargs = {"checkpoint": where(section.checkpoint), "tokenizer": where(section.tokenizer),
+                  "timeout": section.timeout}
+    # The probe runs in the Python the cells use ($PYTHON_BIN), as in a matrix session.
+    data = pf.collect_preflight(python=os.environ.get("PYTHON_BIN") or sys.executable,
+                                raw_dir=raw, **kwargs)  # type: ignore[arg-type]
     gpu = data.get("gpu", {})
-    print(f"preflight: {target} (backend {gpu.get('backend')}, {gpu.get('count')} GPU(s); "
-          f"hardware {hw}, build {build})")
-    for key, entry in data["capabilities"]["capabilities"].items():
-        print(f"  {entry['status']:11s} {key}: {entry.get('reason', '')}"[:160])
+    assert isinstance(gpu, dict)
+    profile = pf.detect_hardware(data, matrix.hardware) if matrix is not None else None
+    backend = str(gpu.get("backend") or "cpu")
+    if matrix is not None and profile is not None:
+        hw = matrix.hardware[profile]
+        backend = str(getattr(hw.backend, "value", hw.backend))
+        topology = hw.topology.model_dump()
+        usable = (gpu.get("visible") or {}).get("count", gpu.get("count")) or 0
+        data["topology"] = topology
+        data["topology_check"] = pf.check_topology(topology,
+                                                   min(int(usable), int(gpu.get("count") or 0)))
+    if args.r_provider:
+        provider_from = "--r-provider"
+        caps = capability_report(data, backend, r_provider=args.r_provider)
+    elif matrix is not None:
+        caps = runner_capabilities(data, backend, matrix.runner.command, matrix.runner.r_provider)
+        asked = matrix.runner.r_provider
+        provider_from = (f"{matrix_path}: [runner] r_provider = {asked}" if asked != "auto"
+                         else f"{matrix_path}: [runner] command, r_provider = auto")
+    else:
+        provider_from = "no matrix file, so the default; pass --matrix or --r-provider"
+        caps = capability_report(data, backend, r_provider="rl_engine")
+    data["capabilities"] = caps
+    data["matrix"] = {"file": str(matrix_path) if matrix_path else None, "profile": profile,
+                      "r_provider": caps["r_provider"], "r_provider_from": provider_from}
+    hw_fp, build_fp = pf.fingerprint(data)
+    write_json_atomic(target, data)
+    for line in preflight_summary(data, target, matrix_path, matrix, profile, provider_from,
+                                  (hw_fp, build_fp)):
+        print(line)
     return 0
+
+
+def preflight_summary(data: dict[str, object], target: Path, matrix_path: Path | None,
+                      matrix: object, profile: str | None, provider_from: str,
+                      fingerprints: tuple[str, str]) -> list[str]:
+    """A short human summary of a preflight; the whole record stays in preflight.json."""
+    width = shutil.get_terminal_size((100, 24)).columns
+    gpu = data.get("gpu") or {}
+    probe = data.get("probe") or {}
+    caps = data["capabilities"]
+    assert isinstance(gpu, dict) and isinstance(probe, dict) and isinstance(caps, dict)
+    torch = probe.get("torch") or {}
+    names = sorted({str(n) for n in gpu.get("names") or []})
+    count = int(gpu.get("count") or 0)
+    gpus = f"{count} GPU(s): {', '.join(names)}" if count else "no GPU"
+    machine = f"backend {gpu.get('backend') or 'cpu'}, {gpus}; torch {torch.get('version') or '-'}"
+    lines = [f"preflight: {target}", *_wrap("  machine:      ", machine, width - 1)]
+    rocm = data.get("rocm") or {}
+    assert isinstance(rocm, dict)
+    for key, what in (("build_arch_mismatch", "PYTORCH_ROCM_ARCH"),
+                      ("ext_arch_mismatch", "the rl_engine._C binary")):
+        if rocm.get(key):
+            runtime = ", ".join(rocm.get("runtime_gfx_archs") or [])
+            lines += _wrap("  ROCm archs:   ", f"runtime {runtime}; {what} does not cover "
+                           f"{', '.join(rocm[key])} ({key})", width - 1)
+    if probe.get("status") != "ok":
+        lines.append("  probe:        " + _shorten(f"{probe.get('status')}: "
+                                                  f"{probe.get('error') or ''}", width - 16))
+    if matrix_path is None:
+        lines.append("  matrix:       none (no --matrix, no ./matrix.toml): no profile detected")
+    elif profile is None:
+        known = ", ".join(getattr(matrix, "hardware", {}))
+        lines.append(f"  matrix:       {matrix_path}: no [hardware.<name>] profile matches "
+                     f"this machine (profiles: {known})")
+    else:
+        lines.append(f"  matrix:       {matrix_path}: profile {profile} detected")
+    entries = caps.get("capabilities") or {}
+    r_state = ", ".join(f"{k.removeprefix('r_backend.')} {e.get('status')}"
+                        for k, e in entries.items() if k.startswith("r_backend."))
+    lines += _wrap("  R kernels:    ", f"{caps['r_provider']} ({provider_from}): {r_state}",
+                   width - 1)
+    summary = caps.get("summary") or {}
+    lines.append("  capabilities: " + ", ".join(f"{n} {s}" for s, n in summary.items()))
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for key, entry in entries.items():
+        if entry.get("status") in ("unavailable", "untested"):
+            grouped.setdefault((str(entry["status"]), str(entry.get("reason") or "")),
+                               []).append(key)
+    for (status, reason), keys in sorted(grouped.items(), key=lambda kv: kv[0][0]):
+        head = f"    {status}, {reason}: " if reason else f"    {status}: "
+        lines += _wrap(head, ", ".join(keys), width - 1, indent=6)
+    lines.append(f"  fingerprints: hardware {fingerprints[0]}, build {fingerprints[1]}")
+    lines.append("  (every check in full: the JSON; raw command output: preflight-raw/)")
+    return lines
+
+
+VERDICT_WORDS = ("error", "incomparable", "contract_mismatch", "fallback", "unsupported",
+                 "valid", "not_run")
+
+
+def summary_line(report: dict[str, object], path: Path) -> str:
+    """One line like pytest's: counts per verdict, cells, completeness, where the report is."""
+    summary = report.get("summary") or {}
+    assert isinstance(summary, dict)
+    order = [v for v in VERDICT_WORDS if v in summary] + [v for v in summary
+                                                        if v not in VERDICT_WORDS]
+    counts = ", ".join(f"{summary[v]} {v}" for v in order) or "no cells"
+    cells = report.get("cells") or []
+    expected = report.get("expected_cells")
+    state = ("interrupted" if report.get("interrupted")
+             else "complete" if report.get("complete") else "incomplete")
+    of = f" of {expected}" if expected is not None else ""
+    return f"{counts} in {len(cells)}{of} cells ({state}): {path}"  # type: ignore[arg-type]
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -71,7 +210,7 @@ def _report(args: argparse.Namespace) -> int:
     finally:
         lock.release()
     report = json.loads(path.read_text())
-    print(f"report: {path}: {report['summary']}")
+    print(summary_line(report, path))
     return 0
 
 
@@ -162,7 +301,7 @@ def _merge(args: argparse.Namespace) -> int:
     write_json_atomic(out, merged)
     html = write_html(merged, out.with_suffix(".html"))
     print("\n".join(render(merged)))
-    print(f"merged: {out} and {html}: {merged['summary']}")
+    print(f"merged: {summary_line(merged, out)} (html {html})")
     return 0
 
 
@@ -192,9 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("preflight", help="fingerprint this machine and software; run nothing")
     p.add_argument("--output", default=".", help="directory for preflight.json (default: .)")
-    p.add_argument("--r-provider", choices=("rl_engine", "workload"), default="rl_engine",
-                   help="whose R kernels to check: RL-Kernel's (default) or the built-in "
-                   "reference workload's")
+    p.add_argument("--matrix", default=None, metavar="FILE",
+                   help="matrix file whose [runner] picks the R provider and whose [hardware.*] "
+                   "profiles are matched (default: ./matrix.toml when present)")
+    p.add_argument("--r-provider", choices=("rl_engine", "workload"), default=None,
+                   help="whose R kernels to check: RL-Kernel's or the built-in reference "
+                   "workload's (default: from the matrix file's [runner]; rl_engine without one)")
     p.set_defaults(func=_preflight)
     r = sub.add_parser("report", help="re-read a matrix root's artifacts; rewrite the report")
     r.add_argument("matrix_root")

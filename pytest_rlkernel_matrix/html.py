@@ -1,9 +1,18 @@
 """`matrix-report.html`: one self-contained, browsable page for a `matrix-report.json`.
 
-No network: inline CSS, a few lines of inline JS and inline SVG charts. Every string taken from
-the report (reasons, log lines, readbacks, names) goes through `html.escape`; links to artifacts
-are relative to the matrix root, where the page is written next to `matrix-report.json`.
-Every field may be missing or null: the page renders whatever is there.
+No network: inline CSS, a few lines of inline JS and inline SVG charts. The markup lives in the
+Jinja2 template `templates/matrix-report.html.j2`, rendered with autoescape on, so every string
+taken from the report (reasons, log lines, readbacks, names) is escaped by the template engine,
+never by hand. This module only turns the report into plain view data (strings, numbers, lists,
+dicts: no markup). Links to artifacts are relative to the matrix root, where the page is written
+next to `matrix-report.json`. Every field may be missing or null: the page renders whatever is
+there.
+
+At a glance, each matrix cell shows two separate things: the **verdict** (the badge) and the
+**drift class** (the cell's colour and mark): `bitwise` (every active token's logprob bit-equal
+on both sides), `drifting` (with max |dlogp|) or `unknown` (no active tokens, no drift figures).
+A `valid` verdict with drift is normal when no contract judges the drift (a P side); the drift
+mark keeps a bitwise cell and a drifting one apart without a click.
 """
 
 from __future__ import annotations
@@ -13,20 +22,40 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from html import escape
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-__all__ = ["HTML_FILE", "render_html", "write_html"]
+if TYPE_CHECKING:
+    import jinja2
+
+__all__ = ["HTML_FILE", "drift_class", "render_html", "write_html"]
 
 HTML_FILE = "matrix-report.html"
+TEMPLATE = "matrix-report.html.j2"
 PAIRWISE = ("R/R", "P/R", "R/P", "P/P")
 MODULE_ORDER = ("attention", "ffn", "logp")
 VERDICT_ORDER = ("valid", "fallback", "unsupported", "contract_mismatch", "incomparable",
                  "error", "not_run")
+VERDICT_MEANING = {
+    "valid": "every judgement that applies passed (drift without a contract is shown, not judged)",
+    "fallback": "a side ran production where RL-Kernel was requested",
+    "unsupported": "a declared capability gap (unsupported class given)",
+    "contract_mismatch": "the drift broke the contract the backends declared",
+    "incomparable": "the two sides did not see the same weights or samples",
+    "error": "timeout, crash, or missing / unreadable evidence",
+    "not_run": "mode off: not run",
+}
+DRIFT_CLASSES = ("bitwise", "drifting", "unknown")
+DRIFT_MEANING = {
+    "bitwise": "every active token's training and rollout logprob is bit-equal",
+    "drifting": "some active tokens differ; the mark gives max |dlogp|",
+    "unknown": "no active tokens or no drift figures: nothing to compare",
+}
+DRIFT_MARK = {"bitwise": "=", "drifting": "\u2260", "unknown": "?"}
 SIDES = ("training", "rollout")
 IMPL_LETTER = {"production": "P", "rl_kernel": "R"}
+JUDGEMENTS = ("route", "semantic", "numeric", "performance")
 PHASES = (("rollout", "rollout_wall_time"), ("training", "training_wall_time"),
           ("weight sync", "weight_sync_wall_time"), ("step", "step_wall_time"))
 DRIFT_FIELDS = ("logprob_abs_diff_mean", "logprob_abs_diff_p50", "logprob_abs_diff_p90",
@@ -34,60 +63,22 @@ DRIFT_FIELDS = ("logprob_abs_diff_mean", "logprob_abs_diff_p50", "logprob_abs_di
 MAX_ROWS = 50
 OPEN_CELLS = 3  # the first few cells that are not valid start expanded
 
-CSS = """
-:root{--fg:#1f2328;--mute:#656d76;--line:#d0d7de;--bg:#fff;--soft:#f6f8fa}
-*{box-sizing:border-box}
-body{font:13px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
-color:var(--fg);background:var(--bg);margin:0;padding:16px 24px;max-width:1500px}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 8px;
-border-bottom:1px solid var(--line);padding-bottom:4px}h3{font-size:13px;margin:12px 0 4px}
-code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
-.meta{color:var(--mute)}.meta b{color:var(--fg);font-weight:600}
-table{border-collapse:collapse;margin:4px 0 8px}
-th,td{border:1px solid var(--line);padding:3px 7px;text-align:left;vertical-align:top}
-th{background:var(--soft);font-weight:600}
-.num{font-variant-numeric:tabular-nums}
-.badge{display:inline-block;border-radius:10px;padding:1px 8px;margin:2px 4px 2px 0;
-border:1px solid rgba(0,0,0,.12);font-weight:600;white-space:nowrap}
-.v-valid{background:#d3f5dc}.v-fallback{background:#ffe7a8}.v-unsupported{background:#e3e5e8}
-.v-contract_mismatch{background:#ffd2cc}.v-incomparable{background:#ffb3a8}
-.v-error{background:#f5877a}.v-not_run{background:#f6f8fa;color:var(--mute)}
-.v-other{background:#e8defa}.v-none{background:#fff;color:var(--mute)}
-table.matrix td.mcell{padding:0;min-width:150px}
-table.matrix td.mcell a{display:block;padding:5px 8px;color:inherit;text-decoration:none}
-table.matrix td.mcell a:hover{outline:2px solid #0969da;outline-offset:-2px}
-.mcell .word{font-weight:700}.mcell .small{font-size:11.5px;color:#3b4148}
-.tag{font-size:10.5px;font-weight:700;border-radius:3px;padding:0 4px;margin-left:4px;
-background:#1f2328;color:#fff}
-details.cell{border:1px solid var(--line);border-radius:6px;margin:8px 0;padding:0 10px}
-details.cell>summary{cursor:pointer;padding:6px 0;font-weight:600}
-details.cell[open]>summary{border-bottom:1px solid var(--line);margin-bottom:6px}
-details.panel{border:1px solid var(--line);border-radius:6px;padding:0 10px;margin:8px 0}
-details.panel>summary{cursor:pointer;padding:6px 0;font-weight:600}
-.grid{display:flex;flex-wrap:wrap;gap:8px 28px;align-items:flex-start}
-.bad{background:#ffebe9}.ok{color:#1a7f37}.no{color:#cf222e}.na{color:var(--mute)}
-ul{margin:4px 0 8px;padding-left:20px}.refused{color:#9a6700}
-svg text{font:10.5px system-ui,sans-serif;fill:#3b4148}
-svg .bar{fill:#6e9bd1}svg .bar0{fill:#8c959f}svg .axis{stroke:#8c959f}
-.links a{margin-right:12px}.toolbar button{font:inherit;margin-right:6px}
-.empty{color:var(--mute);font-style:italic}
-"""
-
-JS = """
-function rlkOpen(){var h=decodeURIComponent(location.hash.slice(1));if(!h)return;
-var el=document.getElementById(h);if(el&&el.tagName==='DETAILS'){el.open=true;}}
-function rlkAll(open){document.querySelectorAll('details.cell').forEach(function(d){
-d.open=open;});}
-window.addEventListener('hashchange',rlkOpen);document.addEventListener('DOMContentLoaded',rlkOpen);
-"""
+# View data handed to the template: a table cell is plain text (str) or a `_t`/`_items` dict.
+View = dict[str, Any]
 
 
 # -- small helpers ---------------------------------------------------------------------------------
 
 
-def _e(value: Any) -> str:
-    """Escape any value for HTML text or a quoted attribute."""
-    return escape("" if value is None else str(value), quote=True)
+def _t(text: Any, cls: str = "", title: Any = None) -> View:
+    """A table cell / inline span: text with an optional CSS class and tooltip."""
+    return {"text": "" if text is None else str(text), "cls": cls,
+            "title": None if title is None else str(title), "list": None}
+
+
+def _items(items: Iterable[Any], cls: str = "") -> View:
+    """A table cell holding a bullet list."""
+    return {"text": None, "cls": cls, "title": None, "list": [str(i) for i in items]}
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -134,7 +125,7 @@ def _fmt_bytes(value: Any) -> str:
 
 
 def _fmt(value: Any) -> str:
-    """Plain text for any JSON value (not yet escaped)."""
+    """Plain text for any JSON value."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -154,44 +145,34 @@ def _verdict_class(verdict: Any) -> str:
     return f"v-{verdict}" if verdict in VERDICT_ORDER else "v-other"
 
 
-def _badge(verdict: Any) -> str:
-    return f'<span class="badge {_verdict_class(verdict)}">{_e(verdict or "none")}</span>'
-
-
-def _judged(valid: Any) -> str:
+def _judged(valid: Any) -> View:
     if valid is True:
-        return '<span class="ok">valid</span>'
+        return _t("valid", "ok")
     if valid is False:
-        return '<span class="no">invalid</span>'
-    return '<span class="na">not judged</span>'
+        return _t("invalid", "no")
+    return _t("not judged", "na")
 
 
-def _table(head: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
-    """`head` is plain text; `rows` hold already-escaped HTML cells."""
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    if not body:
-        return '<p class="empty">none</p>'
-    th = "".join(f"<th>{_e(h)}</th>" for h in head)
-    return f'<table class="{cls}"><tr>{th}</tr>{body}</table>'
+def _table(head: Sequence[str], rows: Iterable[Sequence[Any]], cls: str = "") -> View:
+    """`head` is plain text; each row's cells are text or `_t`/`_items` dicts."""
+    return {"head": [str(h) for h in head], "rows": [list(r) for r in rows], "cls": cls}
 
 
-def _kv(pairs: Iterable[tuple[str, Any]]) -> str:
-    rows = [(f"<b>{_e(k)}</b>", _e(_fmt(v))) for k, v in pairs]
-    return _table(("field", "value"), rows, "kv")
+def _kv(pairs: Iterable[tuple[str, Any]]) -> View:
+    return _table(("field", "value"), ([_t(k, "b"), _fmt(v)] for k, v in pairs), "kv")
 
 
-def _records_table(items: Sequence[Any], first: Sequence[str] = ()) -> str:
+def _records_table(items: Sequence[Any], first: Sequence[str] = ()) -> View:
     """A table over a list of dicts: `first` columns, then the rest in order of appearance."""
-    dicts = [i for i in items if isinstance(i, Mapping)][:MAX_ROWS]
+    all_dicts = [i for i in items if isinstance(i, Mapping)]
+    dicts = all_dicts[:MAX_ROWS]
     cols = [c for c in first if any(c in d for d in dicts)]
     for d in dicts:
         cols += [str(k) for k in d if str(k) not in cols]
-    rows = []
-    for d in dicts:
-        rows.append([_e(_fmt_d(d.get(c)) if "diff" in c else _fmt(d.get(c))) for c in cols])
-    more = len([i for i in items if isinstance(i, Mapping)]) - len(dicts)
-    note = f'<p class="empty">{more} more not shown</p>' if more > 0 else ""
-    return _table(cols, rows) + note
+    rows = [[_fmt_d(d.get(c)) if "diff" in c else _fmt(d.get(c)) for c in cols] for d in dicts]
+    table = _table(cols, rows)
+    table["more"] = max(len(all_dicts) - len(dicts), 0)
+    return table
 
 
 def _slug(text: str) -> str:
@@ -224,7 +205,70 @@ def _rel_link(root: Any, artifact_dir: Any, name: str = "", prefix: str = "") ->
     return quote(prefix.rstrip("/") + "/" + target if prefix else target, safe="/")
 
 
-# -- charts ----------------------------------------------------------------------------------------
+def _ordered(preferred: Iterable[Any], seen: Iterable[Any]) -> list[str]:
+    seen_list = [str(s) for s in seen]
+    out = [p for p in dict.fromkeys(str(p) for p in preferred) if p in seen_list]
+    return out + [s for s in dict.fromkeys(seen_list) if s not in out]
+
+
+def _count(value: Any) -> int | None:
+    v = _num(value)
+    return None if v is None else int(v)
+
+
+# -- drift class -----------------------------------------------------------------------------------
+
+
+def drift_class(cell: Mapping[str, Any]) -> dict[str, str]:
+    """The cell's drift class, independent of its verdict: bitwise, drifting or unknown.
+
+    Fail closed: bitwise needs active tokens and zero (bitwise) mismatches and no non-finite
+    value; a missing count is unknown, never bitwise. Returns `cls`, `mark`, `label` (short
+    text for the matrix) and `title` (the figures behind it).
+    """
+    active = _count(cell.get("active_token_count"))
+    mism = _count(cell.get("mismatch_count"))
+    bits = _count(cell.get("bitwise_mismatch_count"))
+    nonfinite = _count(cell.get("nonfinite_count")) or 0
+    worst = _num(cell.get("logprob_abs_diff_max"))
+    if not active or (mism is None and bits is None):
+        cls = "unknown"
+        label = "unknown: no tokens" if not active else "unknown: no mismatch count"
+        title = f"active tokens {_fmt(cell.get('active_token_count'))}"
+    elif (bits if bits is not None else mism) == 0 and mism in (0, None) and not nonfinite \
+            and not worst:
+        cls = "bitwise"
+        label = "bitwise"
+        title = f"0 of {active:,} active tokens differ (bit-equal logprobs)"
+    else:
+        cls = "drifting"
+        label = f"drifting, max|dlogp| {_fmt_d(worst)}"
+        shown = mism if mism is not None else bits or 0
+        title = f"{shown:,} of {active:,} active tokens differ"
+        if bits is not None and mism is not None and bits != mism:
+            title += f" ({bits:,} differ in their bits)"
+        if nonfinite:
+            label += f", {nonfinite:,} non-finite"
+            title += f"; {nonfinite:,} non-finite"
+    return {"cls": cls, "mark": DRIFT_MARK[cls], "label": label, "title": title}
+
+
+def _not_judged(c: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(judgement, result, reason) for every judgement that is not a plain `valid`."""
+    out = []
+    validity = _map(c.get("validity"))
+    for name in _ordered(JUDGEMENTS, validity):
+        j = _map(validity.get(name))
+        valid = j.get("valid")
+        if valid is True:
+            continue
+        result = "invalid" if valid is False else "not judged"
+        reasons = [str(r) for r in _list(j.get("reasons"))] or ["(no reason recorded)"]
+        out += [(name, result, r) for r in reasons]
+    return out
+
+
+# -- charts (geometry only; the template draws) ----------------------------------------------------
 
 
 def _pow10(x: Any) -> str:
@@ -232,13 +276,17 @@ def _pow10(x: Any) -> str:
     return "?" if v is None else f"{10 ** v:.0e}"
 
 
-def histogram_svg(hist: Mapping[str, Any]) -> str:
-    """SVG bars of the log10 |dlogp| histogram (plus a grey bar for bitwise-equal tokens)."""
+def _f1(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def histogram_view(hist: Mapping[str, Any]) -> View | None:
+    """Bars of the log10 |dlogp| histogram (plus a grey bar for bitwise-equal tokens)."""
     counts = [int(_num(c) or 0) for c in _list(hist.get("counts"))]
     edges = [_num(x) for x in _list(hist.get("log10_abs_diff_edges"))]
     zero = int(_num(hist.get("zero")) or 0)
     if not counts and not zero:
-        return '<p class="empty">no dlogp histogram</p>'
+        return None
     bars: list[tuple[str, int, bool]] = []
     if zero or "zero" in hist:
         bars.append(("|dlogp| = 0", zero, True))
@@ -246,126 +294,136 @@ def histogram_svg(hist: Mapping[str, Any]) -> str:
         lo = edges[i] if i < len(edges) else None
         hi = edges[i + 1] if i + 1 < len(edges) else None
         bars.append((f"[{_pow10(lo)}, {_pow10(hi)})", n, False))
-    w, h, left, bottom, top = 440, 150, 36, 30, 8
-    right = 10
+    w, h, left, bottom, top, right = 440, 150, 36, 30, 8, 10
     peak = max((n for _, n, _ in bars), default=0) or 1
     step = (w - left - right) / len(bars)
-    parts = [f'<svg class="hist" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
-             f'aria-label="dlogp histogram">']
     base = h - bottom
+    rects = []
     for i, (label, n, is_zero) in enumerate(bars):
         bh = (base - top) * n / peak
-        x = left + i * step
-        cls = "bar0" if is_zero else "bar"
-        parts.append(f'<rect class="{cls}" x="{x + 1:.1f}" y="{base - bh:.1f}" '
-                     f'width="{max(step - 2, 1):.1f}" height="{bh:.1f}">'
-                     f"<title>{_e(label)}: {n}</title></rect>")
-    parts.append(f'<line class="axis" x1="{left}" y1="{base}" x2="{w - right}" y2="{base}"/>')
-    parts.append(f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{peak}</text>')
-    parts.append(f'<text x="{left - 4}" y="{base}" text-anchor="end">0</text>')
-    first = 1 if bars and bars[0][2] else 0
-    if bars[0][2]:
-        parts.append(f'<text x="{left + step / 2:.1f}" y="{base + 12}" '
-                     'text-anchor="middle">0</text>')
+        rects.append({"cls": "bar0" if is_zero else "bar", "x": _f1(left + i * step + 1),
+                      "y": _f1(base - bh), "w": _f1(max(step - 2, 1)), "h": _f1(bh),
+                      "title": f"{label}: {n}"})
+    ticks = [{"x": str(left - 4), "y": str(top + 8), "anchor": "end", "text": str(peak)},
+             {"x": str(left - 4), "y": str(base), "anchor": "end", "text": "0"}]
+    first = 1 if bars[0][2] else 0
+    if first:
+        ticks.append({"x": _f1(left + step / 2), "y": str(base + 12), "anchor": "middle",
+                      "text": "0"})
     if len(edges) >= 2 and counts:
         for j in sorted({0, len(counts) // 2, len(counts)}):
-            x = left + (first + j) * step
             anchor = "start" if j == 0 else "end" if j == len(counts) else "middle"
-            parts.append(f'<text x="{x:.1f}" y="{base + 12}" text-anchor="{anchor}">'
-                         f"{_e(_pow10(edges[j] if j < len(edges) else None))}</text>")
-    parts.append(f'<text x="{(left + w) / 2:.0f}" y="{h - 3}" text-anchor="middle">'
-                 "|dlogp| (log scale), active tokens</text></svg>")
-    return "".join(parts)
+            ticks.append({"x": _f1(left + (first + j) * step), "y": str(base + 12),
+                          "anchor": anchor,
+                          "text": _pow10(edges[j] if j < len(edges) else None)})
+    return {"w": w, "h": h, "rects": rects, "ticks": ticks,
+            "axis": {"x1": left, "y": base, "x2": w - right},
+            "caption": {"x": f"{(left + w) / 2:.0f}", "y": h - 3}}
 
 
-def phases_svg(record: Mapping[str, Any]) -> str:
-    """Horizontal SVG bars of the phase wall times (rollout, training, weight sync, step): the
-    bar is the median over measured steps, the whisker spans min to max, `n` is the step count."""
+def phases_view(record: Mapping[str, Any]) -> View | None:
+    """Horizontal bars of the phase wall times (rollout, training, weight sync, step): the bar
+    is the median over measured steps, the whisker spans min to max, `n` is the step count."""
     spread = _map(record.get("phase_spread"))
     values = [(label, _num(record.get(key)), _map(spread.get(key))) for label, key in PHASES]
     if all(v is None for _, v, _ in values):
-        return '<p class="empty">no phase times</p>'
+        return None
     w, row, left, right = 440, 22, 82, 112
     tops = [v for _, v, _ in values if v is not None]
-    tops += [m for _, _, s in values if (m := _num(s.get("max"))) is not None]
+    tops += [m for _, _, sp in values if (m := _num(sp.get("max"))) is not None]
     peak = max(tops, default=0.0) or 1.0
     scale = (w - left - right) / peak
-    h = row * len(values) + 6
-    parts = [f'<svg class="phases" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
-             'aria-label="phase wall times: median bar, min-max whisker, n steps">']
-    for i, (label, v, s) in enumerate(values):
+    rows = []
+    for i, (label, v, sp) in enumerate(values):
         y = 3 + i * row
-        parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{_e(label)}</text>')
-        if v is None:
-            parts.append(f'<text x="{left}" y="{y + 14}">-</text>')
-            continue
-        bw = max(scale * max(v, 0.0), 1.0)
-        cls = "bar0" if label == "step" else "bar"
-        lo, hi, n = _num(s.get("min")), _num(s.get("max")), s.get("n")
-        tip = f"{label}: median {_fmt_s(v)}"
-        if lo is not None and hi is not None:
-            tip += f", min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
-        parts.append(f'<rect class="{cls}" x="{left}" y="{y + 3}" width="{bw:.1f}" '
-                     f'height="{row - 7}"><title>{_e(tip)}</title></rect>')
-        end = left + bw
-        if lo is not None and hi is not None:
-            x0, x1, mid = left + scale * max(lo, 0.0), left + scale * max(hi, 0.0), y + 3 + (
-                row - 7) / 2
-            end = max(end, x1)
-            parts.append(f'<g class="whisker"><line class="axis" x1="{x0:.1f}" y1="{mid:.1f}" '
-                         f'x2="{x1:.1f}" y2="{mid:.1f}"/>'
-                         f'<line class="axis" x1="{x0:.1f}" y1="{y + 5}" x2="{x0:.1f}" '
-                         f'y2="{y + row - 6}"/><line class="axis" x1="{x1:.1f}" y1="{y + 5}" '
-                         f'x2="{x1:.1f}" y2="{y + row - 6}"/></g>')
-        shown = _fmt_s(v) + (f" n={n}" if isinstance(n, int) else "")
-        parts.append(f'<text x="{end + 4:.1f}" y="{y + 14}">{_e(shown)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+        entry: View = {"label": label, "lx": left - 6, "ty": y + 14, "bar": None}
+        if v is not None:
+            bw = max(scale * max(v, 0.0), 1.0)
+            lo, hi, n = _num(sp.get("min")), _num(sp.get("max")), sp.get("n")
+            tip = f"{label}: median {_fmt_s(v)}"
+            end = left + bw
+            whisker = None
+            if lo is not None and hi is not None:
+                tip += f", min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
+                x0, x1 = left + scale * max(lo, 0.0), left + scale * max(hi, 0.0)
+                end = max(end, x1)
+                whisker = {"x0": _f1(x0), "x1": _f1(x1), "mid": _f1(y + 3 + (row - 7) / 2),
+                           "y0": y + 5, "y1": y + row - 6}
+            entry["bar"] = {"cls": "bar0" if label == "step" else "bar", "x": left,
+                            "y": y + 3, "w": _f1(bw), "h": row - 7, "tx": _f1(end + 4),
+                            "title": tip, "whisker": whisker,
+                            "text": _fmt_s(v) + (f" n={n}" if isinstance(n, int) else "")}
+        rows.append(entry)
+    return {"w": w, "h": row * len(values) + 6, "left": left, "rows": rows}
 
 
 # -- sections --------------------------------------------------------------------------------------
 
 
-def _ordered(preferred: Iterable[Any], seen: Iterable[Any]) -> list[str]:
-    seen_list = [str(s) for s in seen]
-    out = [p for p in dict.fromkeys(str(p) for p in preferred) if p in seen_list]
-    return out + [s for s in dict.fromkeys(seen_list) if s not in out]
-
-
-def _header(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> str:
+def _header(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> View:
     matrix = _map(report.get("matrix"))
-    name = matrix.get("name") or "matrix"
     if report.get("interrupted"):
-        state = '<span class="badge v-error">interrupted</span>'
+        state = ("interrupted", "v-error")
     elif report.get("complete"):
-        state = '<span class="badge v-valid">complete</span>'
+        state = ("complete", "v-valid")
     else:
-        state = '<span class="badge v-fallback">incomplete</span>'
+        state = ("incomplete", "v-fallback")
     summary = _map(report.get("summary"))
     if not summary:
         counts: dict[str, int] = {}
         for c in cells:
             counts[str(c.get("verdict"))] = counts.get(str(c.get("verdict")), 0) + 1
         summary = counts
-    order = _ordered(VERDICT_ORDER, summary)
-    badges = "".join(f'<span class="badge {_verdict_class(v)}">{_e(summary[v])} {_e(v)}</span>'
-                     for v in order)
+    badges = [{"text": f"{_fmt(summary[v])} {v}", "cls": _verdict_class(v)}
+              for v in _ordered(VERDICT_ORDER, summary)]
+    drifts: dict[str, int] = {}
+    for c in cells:
+        cls = drift_class(c)["cls"]
+        drifts[cls] = drifts.get(cls, 0) + 1
+    drift_badges = [{"text": f"{drifts[d]} {d}", "cls": f"d-{d}", "mark": DRIFT_MARK[d]}
+                    for d in DRIFT_CLASSES if d in drifts]
     meta = [("mode", matrix.get("mode")), ("layout", matrix.get("layout")),
             ("created", report.get("created")),
             ("hardware", _fmt(matrix.get("hardware"))), ("modules", _fmt(matrix.get("modules"))),
             ("cells", f"{len(cells)} of {_fmt(report.get('expected_cells'))}"),
             ("matrix file", matrix.get("file")), ("matrix root", report.get("matrix_root")),
             ("schema", report.get("schema_version"))]
-    line = " &middot; ".join(f"{_e(k)} <b>{_e(_fmt(v))}</b>" for k, v in meta if v is not None)
-    return (f"<header><h1>RL-Kernel ablation matrix: {_e(name)} {state}</h1>"
-            f'<div class="meta">{line}</div><div class="summary">{badges}</div></header>')
+    return {"name": str(matrix.get("name") or "matrix"), "state": state[0],
+            "state_cls": state[1], "badges": badges, "drift_badges": drift_badges,
+            "meta": [(k, _fmt(v)) for k, v in meta if v is not None]}
+
+
+def _legend(cells: Sequence[Mapping[str, Any]]) -> View:
+    seen = {str(c.get("verdict")) for c in cells}
+    verdicts = [{"word": v, "cls": _verdict_class(v), "meaning": VERDICT_MEANING[v]}
+                for v in VERDICT_ORDER if v in seen or v != "not_run"]
+    drifts = [{"word": d, "cls": f"d-{d}", "mark": DRIFT_MARK[d], "meaning": DRIFT_MEANING[d]}
+              for d in DRIFT_CLASSES]
+    return {"verdicts": verdicts, "drifts": drifts}
+
+
+def _matrix_cell(c: Mapping[str, Any], anchor: str) -> View:
+    verdict = c.get("verdict")
+    tags = []
+    if c.get("failed"):
+        tags.append(("FAILED", "the pytest item failed under the session's mode"))
+    if c.get("shared_with"):
+        tags.append(("shared", "shares its run with other cells"))
+    active = c.get("active_token_count")
+    mism = "-" if active is None else f"{_fmt(c.get('mismatch_count'))}/{_fmt(active)}"
+    not_judged = [(name, result) for name, result, _ in _not_judged(c)]
+    return {"anchor": anchor, "verdict": "" if verdict is None else str(verdict),
+            "word": str(verdict or "none"), "vcls": _verdict_class(verdict),
+            "drift": drift_class(c), "tags": tags, "mismatch": mism,
+            "step": _fmt_s(c.get("step_wall_time")),
+            "flags": [f"{name} {result}" for name, result in dict.fromkeys(not_judged)]}
 
 
 def _matrix_view(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]],
-                 ids: Sequence[str]) -> str:
-    matrix = _map(report.get("matrix"))
+                 ids: Sequence[str]) -> View | None:
     if not cells:
-        return '<h2>Matrix</h2><p class="empty">no cells in this report</p>'
+        return None
+    matrix = _map(report.get("matrix"))
     by_key: dict[tuple[str, str, str], list[int]] = {}
     for i, c in enumerate(cells):
         key = (str(c.get("hardware")), str(c.get("module")), str(c.get("case")))
@@ -377,69 +435,35 @@ def _matrix_view(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]],
         cases = list(PAIRWISE)
     else:
         cases = _ordered(_list(matrix.get("cases")), present)
-    head = "".join(f"<th>{_e(c)}</th>" for c in cases)
     rows = []
     for hw in hardware:
         for module in modules:
             if not any(k[0] == hw and k[1] == module for k in by_key):
                 continue
-            tds = []
-            for case in cases:
-                idx = by_key.get((hw, module, case), [])
-                if not idx:
-                    tds.append('<td class="mcell v-none"><a><span class="small">not selected'
-                               "</span></a></td>")
-                    continue
-                tds.append("".join(_matrix_cell(cells[i], ids[i]) for i in idx))
-            rows.append(f"<tr><th>{_e(hw)}</th><th>{_e(module)}</th>{''.join(tds)}</tr>")
-    return ('<h2>Matrix</h2><p class="meta">training/rollout per column (P = production, '
-            "R = RL-Kernel); other modules stay at the fixed case. Click a cell for its "
-            f'evidence.</p><table class="matrix"><tr><th>hardware</th><th>module</th>{head}</tr>'
-            f"{''.join(rows)}</table>")
+            tds = [[_matrix_cell(cells[i], ids[i]) for i in by_key.get((hw, module, case), [])]
+                   for case in cases]
+            rows.append({"hardware": hw, "module": module, "tds": tds})
+    return {"cases": cases, "rows": rows}
 
 
-def _matrix_cell(c: Mapping[str, Any], anchor: str) -> str:
-    verdict = c.get("verdict")
-    tags = ""
-    if c.get("failed"):
-        tags += '<span class="tag">FAILED</span>'
-    if c.get("shared_with"):
-        tags += '<span class="tag" title="shares its run with other cells">shared</span>'
-    active = c.get("active_token_count")
-    mism = "-" if active is None else f"{_fmt(c.get('mismatch_count'))}/{_fmt(active)}"
-    return (f'<td class="mcell {_verdict_class(verdict)}" data-verdict="{_e(verdict)}">'
-            f'<a href="#{anchor}"><span class="word">{_e(verdict or "none")}</span>{tags}<br>'
-            f'<span class="small">max|dlogp| {_e(_fmt_d(c.get("logprob_abs_diff_max")))}<br>'
-            f"mismatch {_e(mism)} &middot; step {_e(_fmt_s(c.get('step_wall_time')))}"
-            "</span></a></td>")
+def _glance(cells: Sequence[Mapping[str, Any]], ids: Sequence[str]) -> list[View]:
+    """Per cell, what keeps it from a plain valid: its reasons and not-judged judgements."""
+    out = []
+    for c, anchor in zip(cells, ids, strict=True):
+        lines = [("not valid", r) for r in _list(c.get("reasons"))] \
+            if c.get("verdict") not in ("valid", None) else []
+        lines += [(f"{name} {result}", r) for name, result, r in _not_judged(c)]
+        if not lines:
+            continue
+        verdict = c.get("verdict")
+        out.append({"anchor": anchor, "label": f"{c.get('hardware')} · {c.get('module')} · "
+                    f"{c.get('case')}", "word": str(verdict or "none"),
+                    "vcls": _verdict_class(verdict), "drift": drift_class(c),
+                    "lines": [{"what": w, "reason": str(r)} for w, r in lines]})
+    return out
 
 
-def _attribution(report: Mapping[str, Any]) -> str:
-    entries = [e for e in _list(report.get("attribution")) if isinstance(e, Mapping)]
-    if not entries:
-        return '<h2>Attribution</h2><p class="empty">no attribution in this report</p>'
-    out = ["<h2>Attribution</h2>"]
-    summary_rows = []
-    details = []
-    for e in entries:
-        refused = "".join(f"<li>{_e(r)}</li>" for r in _list(e.get("refused")))
-        summary_rows.append([_e(e.get("hardware")), _e(e.get("module")),
-                             _e(e.get("conclusion") or "-"),
-                             f'<ul class="refused">{refused}</ul>' if refused else "-"])
-        effects = _map(e.get("effects"))
-        if effects:
-            details.append(f"<h3>{_e(e.get('hardware'))} &middot; {_e(e.get('module'))}</h3>"
-                           f'<div class="grid">{_effects_table("drift", effects.get("drift"))}'
-                           f"{_effects_table('time', effects.get('time'))}</div>")
-    out.append(_table(("hardware", "module", "conclusion", "refused"), summary_rows))
-    if details:
-        out.append('<details class="panel"><summary>effects (training = P/R - R/R, rollout = '
-                   "R/P - R/R, interaction = P/P - P/R - R/P + R/R)</summary>"
-                   f"{''.join(details)}</details>")
-    return "".join(out)
-
-
-def _effects_table(kind: str, data: Any) -> str:
+def _effects_table(kind: str, data: Any) -> View:
     rows = []
     data = _map(data)
     with_noise = any("noise" in _map(v) for v in data.values())
@@ -448,18 +472,37 @@ def _effects_table(kind: str, data: Any) -> str:
         name = str(name)
         fmt = _fmt_s if kind == "time" else _fmt_d if "logprob" in name else _fmt
         label = name.replace("logprob_abs_diff_", "|dlogp| ").removesuffix("_wall_time")
-        row = [f'<b title="{_e(name)}">{_e(label.replace("_", " "))}</b>']
-        row += [f'<span class="num">{_e(fmt(eff.get(c)))}</span>' for c in PAIRWISE]
-        row += [f'<span class="num">{_e(fmt(eff.get(k)))}</span>'
-                for k in ("training", "rollout", "interaction")]
+        row: list[Any] = [_t(label.replace("_", " "), "b", name)]
+        row += [_t(fmt(eff.get(c)), "num") for c in PAIRWISE]
+        row += [_t(fmt(eff.get(k)), "num") for k in ("training", "rollout", "interaction")]
         if with_noise:
-            row.append(_e(_fmt(eff.get("noise"))))
+            row.append(_fmt(eff.get("noise")))
         rows.append(row)
     head = [kind, *PAIRWISE, "training", "rollout", "interaction"]
     return _table(head + (["noise"] if with_noise else []), rows)
 
 
-def _routes(c: Mapping[str, Any]) -> str:
+def _attribution(report: Mapping[str, Any]) -> View | None:
+    entries = [e for e in _list(report.get("attribution")) if isinstance(e, Mapping)]
+    if not entries:
+        return None
+    rows = []
+    details = []
+    for e in entries:
+        refused = [str(r) for r in _list(e.get("refused"))]
+        rows.append([_fmt(e.get("hardware")), _fmt(e.get("module")),
+                     str(e.get("conclusion") or "-"),
+                     _items(refused, "refused") if refused else "-"])
+        effects = _map(e.get("effects"))
+        if effects:
+            details.append({"title": f"{e.get('hardware')} · {e.get('module')}",
+                            "drift": _effects_table("drift", effects.get("drift")),
+                            "time": _effects_table("time", effects.get("time"))})
+    return {"table": _table(("hardware", "module", "conclusion", "refused"), rows),
+            "details": details}
+
+
+def _routes(c: Mapping[str, Any]) -> View:
     rows = []
     for module, entry in _map(c.get("routes")).items():
         entry = _map(entry)
@@ -469,30 +512,27 @@ def _routes(c: Mapping[str, Any]) -> str:
             r = entry.get(side)
             want = letters[k] if k < len(letters) else ""
             if not isinstance(r, Mapping):
-                rows.append((f"<b>{_e(module)}</b>", _e(requested), _e(side),
-                             '<span class="no">unreported</span>', "-", "-", "-", "-", "-"))
+                rows.append([_t(module, "b"), requested, side, _t("unreported", "no"),
+                             "-", "-", "-", "-", "-"])
                 continue
             impl = r.get("implementation")
             got = IMPL_LETTER.get(str(impl), "?")
             mismatch = (bool(want) and got != want) or bool(r.get("fallback"))
-            impl_html = _e(impl) if not mismatch else f'<span class="no">{_e(impl)}</span>'
-            rows.append((f"<b>{_e(module)}</b>", _e(requested), _e(side),
-                         impl_html + f" ({_e(got)} vs {_e(want or '?')})",
-                         f'<span class="mono">{_e(_fmt(r.get("backend_ids")))}</span>',
-                         _e(_fmt(r.get("call_count"))), _e(_fmt(r.get("fallback"))),
-                         _e(_fmt(r.get("contract"))),
-                         _e(_fmt(_list(r.get("runtime_platforms"))
-                                 + _list(r.get("execution_modes"))))))
-    if not rows:
-        return ('<p class="empty">no route table; actual training '
-                f"{_e(c.get('actual_training_implementation') or '-')}, rollout "
-                f"{_e(c.get('actual_rollout_implementation') or '-')}</p>")
+            rows.append([_t(module, "b"), requested, side,
+                         _t(f"{_fmt(impl)} ({got} vs {want or '?'})", "no" if mismatch else ""),
+                         _t(_fmt(r.get("backend_ids")), "mono"), _fmt(r.get("call_count")),
+                         _fmt(r.get("fallback")), _fmt(r.get("contract")),
+                         _fmt(_list(r.get("runtime_platforms")) + _list(r.get("execution_modes")))])
     head = ("module", "requested", "side", "actual (got vs wanted)", "backend ids", "calls",
             "fallback", "contract", "platform / mode")
-    return _table(head, rows, "routes")
+    table = _table(head, rows, "routes")
+    table["empty"] = (f"no route table; actual training "
+                      f"{c.get('actual_training_implementation') or '-'}, rollout "
+                      f"{c.get('actual_rollout_implementation') or '-'}")
+    return table
 
 
-def _fallbacks(c: Mapping[str, Any]) -> str:
+def _fallbacks(c: Mapping[str, Any]) -> list[str]:
     items = []
     for f in _list(c.get("fallbacks")):
         if isinstance(f, Mapping):
@@ -503,50 +543,52 @@ def _fallbacks(c: Mapping[str, Any]) -> str:
                 text = f"{where}: {f.get('reason') or _fmt(f)} ({f.get('source') or '?'})"
         else:
             text = _fmt(f)
-        items.append(f'<li class="mono">{_e(text)}</li>')
-    return f"<ul>{''.join(items)}</ul>" if items else '<p class="empty">none</p>'
+        items.append(text)
+    return items
 
 
-def _validity(c: Mapping[str, Any]) -> str:
+def _validity(c: Mapping[str, Any]) -> View:
     validity = _map(c.get("validity"))
     rows = []
-    for name in _ordered(("route", "semantic", "numeric", "performance"), validity):
+    for name in _ordered(JUDGEMENTS, validity):
         j = _map(validity.get(name))
-        reasons = "".join(f"<li>{_e(r)}</li>" for r in _list(j.get("reasons")))
-        rows.append((f"<b>{_e(name)}</b>", _judged(j.get("valid")),
-                     f"<ul>{reasons}</ul>" if reasons else "-"))
+        reasons = [str(r) for r in _list(j.get("reasons"))]
+        rows.append([_t(name, "b"), _judged(j.get("valid")), _items(reasons) if reasons else "-"])
     return _table(("judgement", "result", "reasons"), rows)
 
 
-def _links(root: Any, c: Mapping[str, Any], prefix: str) -> str:
+def _links(root: Any, c: Mapping[str, Any], prefix: str) -> View:
     links = []
     for label, name in (("run.log", "run.log"), ("matrix-case.env", "matrix-case.env"),
                         ("artifact dir", "")):
         href = _rel_link(root, c.get("artifact_dir"), name, prefix)
         if href is not None:
-            links.append(f'<a href="{_e(href)}">{_e(label)}</a>')
-    if not links:
-        where = _e(_fmt(c.get("artifact_dir")))
-        return f'<p class="empty">no artifact links (artifact_dir {where})</p>'
-    return f'<p class="links">{"".join(links)}<code>{_e(c.get("artifact_dir"))}</code></p>'
+            links.append({"label": label, "href": href})
+    return {"links": links, "dir": _fmt(c.get("artifact_dir"))}
 
 
-def _label_lines(title: str, data: Any) -> str:
+def _label_lines(title: str, data: Any) -> View | None:
     data = _map(data)
     if not data:
-        return ""
-    rows = [(f"<b>{_e(k)}</b>", f'<span class="mono">{_e(_fmt(v))}</span>')
-            for k, v in data.items()]
-    return f"<h3>{_e(title)}</h3>" + _table(("label", "line"), rows)
+        return None
+    table = _table(("label", "line"), ([_t(k, "b"), _t(_fmt(v), "mono")] for k, v in data.items()))
+    table["title"] = title
+    return table
+
+
+def _kl_rows(c: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The mismatch KL figures, each named by its estimator (only k3 is never negative)."""
+    rows: list[tuple[str, Any]] = []
+    if c.get("mismatch_k3_kl") is not None:
+        rows.append(("mismatch KL, k3 = mean(e^d - d - 1) >= 0", _fmt_d(c.get("mismatch_k3_kl"))))
+    if c.get("mismatch_kl") is not None:
+        label = c.get("mismatch_kl_estimator") or "k1 = mean(-d), sign not meaningful"
+        rows.append((f"mismatch KL, {label}", _fmt_d(c.get("mismatch_kl"))))
+    return rows
 
 
 def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
-                 is_open: bool = False, prefix: str = "") -> str:
-    root = report.get("matrix_root")
-    verdict = c.get("verdict")
-    title = f"{c.get('hardware')} · {c.get('module')} · {c.get('case')}"
-    failed = ' <span class="tag">FAILED</span>' if c.get("failed") else ""
-    reasons = "".join(f"<li>{_e(r)}</li>" for r in _list(c.get("reasons")))
+                 is_open: bool = False, prefix: str = "") -> View:
     active = c.get("active_token_count")
     facts = [
         ("requested case", c.get("requested_case")), ("effective cases", c.get("cases")),
@@ -559,12 +601,15 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
         ("expected gap", c.get("expected_gap")), ("fault drill", c.get("fault_drill")),
         ("performance usable", c.get("performance_usable")),
     ]
+    drift = drift_class(c)
     metrics = [
+        ("drift class", drift["label"]),
         ("active tokens", active), ("mismatch count", c.get("mismatch_count")),
+        ("bitwise mismatch count", c.get("bitwise_mismatch_count")),
         ("mismatch fraction", c.get("mismatch_fraction")),
         *((f"|dlogp| {f.removeprefix('logprob_abs_diff_')}", _fmt_d(c.get(f)))
           for f in DRIFT_FIELDS),
-        ("mismatch KL", c.get("mismatch_kl")), ("nonfinite", c.get("nonfinite_count")),
+        *_kl_rows(c), ("nonfinite", c.get("nonfinite_count")),
         ("samples / ranks", f"{_fmt(c.get('sample_count'))} / {_fmt(c.get('rank_count'))}"),
         ("logprob source", c.get("logprob_source")),
         ("tokens/s", c.get("tokens_per_second")), ("peak memory", _fmt_bytes(c.get("peak_memory"))),
@@ -574,38 +619,33 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
     metrics = [(k, v) for k, v in metrics if v not in (None, "-", "- / -")]
     worst = _list(c.get("worst_tokens"))
     first = _list(c.get("first_mismatch"))
-    return "".join((
-        f'<details class="cell" id="{anchor}"{" open" if is_open else ""}>',
-        f"<summary>{_badge(verdict)} {_e(title)}{failed}</summary>",
-        _links(root, c, prefix),
-        f"<h3>reasons</h3><ul>{reasons}</ul>" if reasons else "",
-        "<h3>validity</h3>", _validity(c),
-        "<h3>routes: requested vs actual</h3>", _routes(c),
-        "<h3>fallbacks</h3>", _fallbacks(c),
-        '<div class="grid"><div><h3>run, contract, fingerprints</h3>', _kv(facts), "</div>",
-        "<div><h3>drift</h3>", _kv(metrics), "</div></div>",
-        '<div class="grid"><div><h3>|dlogp| histogram</h3>',
-        histogram_svg(_map(c.get("dlogp_histogram"))), "</div>",
-        "<div><h3>phase wall times</h3>", phases_svg(c), "</div></div>",
-        "<h3>worst tokens</h3>" if worst else "",
-        _records_table(worst, ("sample", "rank", "position", "token_id", "train_logprob",
-                               "rollout_logprob", "abs_diff")) if worst else "",
-        "<h3>first mismatch per sample</h3>" if first else "",
-        _records_table(first, ("sample", "rank", "position")) if first else "",
-        _label_lines("log errors", c.get("log_errors")),
-        _label_lines("contamination", c.get("contamination")),
-        "</details>",
-    ))
+    verdict = c.get("verdict")
+    return {
+        "anchor": anchor, "open": is_open, "word": str(verdict or "none"),
+        "vcls": _verdict_class(verdict), "drift": drift, "failed": bool(c.get("failed")),
+        "title": f"{c.get('hardware')} · {c.get('module')} · {c.get('case')}",
+        "links": _links(report.get("matrix_root"), c, prefix),
+        "reasons": [str(r) for r in _list(c.get("reasons"))],
+        "validity": _validity(c), "routes": _routes(c), "fallbacks": _fallbacks(c),
+        "facts": _kv(facts), "metrics": _kv(metrics),
+        "hist": histogram_view(_map(c.get("dlogp_histogram"))), "phases": phases_view(c),
+        "worst": _records_table(worst, ("sample", "rank", "position", "token_id",
+                                        "train_logprob", "rollout_logprob", "abs_diff"))
+        if worst else None,
+        "first": _records_table(first, ("sample", "rank", "position")) if first else None,
+        "labels": [t for t in (_label_lines("log errors", c.get("log_errors")),
+                               _label_lines("contamination", c.get("contamination"))) if t],
+    }
 
 
-def _preflight(report: Mapping[str, Any], pre: Mapping[str, Any] | None) -> str:
+def _preflight(report: Mapping[str, Any], pre: Mapping[str, Any] | None) -> View:
     summary = _map(report.get("preflight"))
-    head = ('<details class="panel" id="preflight"><summary>Preflight '
-            f"({_e(summary.get('file') or 'preflight.json')})</summary>")
     fps = [("report hardware fingerprint", summary.get("hardware_fingerprint")),
            ("report build fingerprint", summary.get("build_fingerprint"))]
+    view: View = {"file": str(summary.get("file") or "preflight.json"), "present": bool(pre),
+                  "fps": _kv(fps)}
     if not pre:
-        return head + _kv(fps) + '<p class="empty">preflight.json not included</p></details>'
+        return view
     probe = _map(pre.get("probe"))
     torch = _map(probe.get("torch"))
     gpu = _map(pre.get("gpu"))
@@ -614,9 +654,12 @@ def _preflight(report: Mapping[str, Any], pre: Mapping[str, Any] | None) -> str:
     rl = _map(probe.get("rl_engine"))
     py = _map(pre.get("python"))
     own = _map(pre.get("fingerprints"))
+    reused = _map(probe.get("reused"))
     facts = [
         ("created", pre.get("created")), ("python", py.get("version")),
         ("python executable", py.get("executable") or py.get("requested")),
+        ("probe", f"REUSED from {reused.get('from')} (probed {reused.get('probed_at')}), "
+                  "not a fresh probe" if reused else None),
         ("torch", torch.get("version")), ("torch build", torch.get("build")),
         ("torch cuda / hip", f"{_fmt(torch.get('cuda'))} / {_fmt(torch.get('hip'))}"),
         ("torch devices", torch.get("device_count")),
@@ -635,34 +678,40 @@ def _preflight(report: Mapping[str, Any], pre: Mapping[str, Any] | None) -> str:
     repos = []
     for name, r in _map(pre.get("repos")).items():
         r = _map(r)
-        repos.append((_e(name), _e(r.get("root") or r.get("env")),
-                      f'<span class="mono">{_e(_fmt(r.get("commit")))}</span>',
-                      _e(_fmt(r.get("dirty"))), _e(r.get("status") or
-                                                   ("not configured" if not r.get("configured")
-                                                    else "-"))))
-    pkgs = [(_e(n), _e(_fmt(_map(p).get("version"))), _e(_fmt(_map(p).get("module_found"))))
+        status = r.get("status") or ("not configured" if not r.get("configured") else "-")
+        repos.append([str(name), _fmt(r.get("root") or r.get("env")),
+                      _t(_fmt(r.get("commit")), "mono"), _fmt(r.get("dirty")), str(status)])
+    pkgs = [[str(n), _fmt(_map(p).get("version")), _fmt(_map(p).get("module_found"))]
             for n, p in _map(probe.get("packages")).items()]
-    cmds = [(_e(n), _e(_map(c).get("status")), _e(_fmt(_map(c).get("returncode"))))
+    cmds = [[str(n), _fmt(_map(c).get("status")), _fmt(_map(c).get("returncode"))]
             for n, c in _map(pre.get("commands")).items()]
     env = _map(pre.get("env"))
     caps_report = _map(pre.get("capabilities"))
-    caps = [(_e(k), _e(_map(c).get("status")), _e(_map(c).get("unsupported_class") or ""),
-             _e(_map(c).get("check")), _e(_map(c).get("reason")))
+    caps = [[str(k), _fmt(_map(c).get("status")), str(_map(c).get("unsupported_class") or ""),
+             _fmt(_map(c).get("check")), _fmt(_map(c).get("reason"))]
             for k, c in _map(caps_report.get("capabilities")).items()]
-    return "".join((
-        head, _kv((k, v) for k, v in facts if v is not None),
-        f"<h3>capabilities (R provider: {_e(caps_report.get('r_provider'))})</h3>"
-        if caps else "",
-        _table(("capability", "status", "class", "check", "reason"), caps) if caps else "",
-        "<h3>repositories</h3>", _table(("repo", "root", "commit", "dirty", "status"), repos),
-        "<h3>packages</h3>", _table(("package", "version", "found"), pkgs),
-        "<h3>commands</h3>", _table(("command", "status", "exit"), cmds),
-        "<h3>environment</h3>" if env else "", _kv(env.items()) if env else "",
-        "</details>",
-    ))
+    view.update(
+        facts=_kv((k, v) for k, v in facts if v is not None),
+        r_provider=_fmt(caps_report.get("r_provider")),
+        caps=_table(("capability", "status", "class", "check", "reason"), caps) if caps else None,
+        repos=_table(("repo", "root", "commit", "dirty", "status"), repos),
+        pkgs=_table(("package", "version", "found"), pkgs),
+        cmds=_table(("command", "status", "exit"), cmds),
+        env=_kv(env.items()) if env else None,
+    )
+    return view
 
 
 # -- entry points ----------------------------------------------------------------------------------
+
+
+def _environment() -> jinja2.Environment:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+        lstrip_blocks=True, keep_trailing_newline=True)
 
 
 def render_html(report: Mapping[str, Any], preflight: Mapping[str, Any] | None = None, *,
@@ -674,27 +723,15 @@ def render_html(report: Mapping[str, Any], preflight: Mapping[str, Any] | None =
     """
     cells = [c for c in _list(report.get("cells")) if isinstance(c, Mapping)]
     ids = _cell_ids(cells)
-    name = _map(report.get("matrix")).get("name") or "matrix"
     notable = [i for i, c in enumerate(cells) if c.get("verdict") not in ("valid", "not_run")]
-    details = "".join(_cell_detail(report, c, a, i in notable[:OPEN_CELLS], link_prefix)
-                      for i, (c, a) in enumerate(zip(cells, ids, strict=True)))
-    return "".join((
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        '<meta name="referrer" content="no-referrer">',
-        f"<title>{_e(name)}: RL-Kernel ablation matrix</title>",
-        f"<style>{CSS}</style><script>{JS}</script></head><body>",
-        _header(report, cells),
-        _matrix_view(report, cells, ids),
-        _attribution(report),
-        '<h2>Cells</h2><p class="toolbar"><button type="button" onclick="rlkAll(true)">'
-        'expand all</button><button type="button" onclick="rlkAll(false)">collapse all</button>'
-        "</p>",
-        details or '<p class="empty">no cells</p>',
-        "<h2>Preflight</h2>",
-        _preflight(report, preflight),
-        "</body></html>\n",
-    ))
+    details = [_cell_detail(report, c, a, i in notable[:OPEN_CELLS], link_prefix)
+               for i, (c, a) in enumerate(zip(cells, ids, strict=True))]
+    template = _environment().get_template(TEMPLATE)
+    return template.render(
+        header=_header(report, cells), legend=_legend(cells),
+        matrix=_matrix_view(report, cells, ids), glance=_glance(cells, ids),
+        attribution=_attribution(report), cells=details,
+        preflight=_preflight(report, preflight))
 
 
 def write_html(report: Mapping[str, Any], path: Path | str,

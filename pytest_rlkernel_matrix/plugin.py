@@ -102,10 +102,12 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
         return (path.parent / os.path.expandvars(value)).resolve() if value else None
 
     # The probe runs in the Python the cells use ($PYTHON_BIN, the validated environment).
+    # RLK_REUSE_PROBE (test suites only) takes it from a saved probe; preflight.json says so.
+    reuse = os.environ.get(pf.REUSE_PROBE_ENV)
     data = pf.collect_preflight(python=os.environ.get("PYTHON_BIN") or sys.executable,
                                 topology=profile_topology, checkpoint=where(section.checkpoint),
                                 tokenizer=where(section.tokenizer), timeout=section.timeout,
-                                raw_dir=raw_dir)
+                                raw_dir=raw_dir, reuse_probe=Path(reuse) if reuse else None)
     detected = pf.detect_hardware(data, matrix.hardware)
     from pytest_rlkernel_matrix.capability import runner_capabilities
 
@@ -239,21 +241,40 @@ def _take_signals(config: pytest.Config, session: MatrixSession, controller: boo
         config.add_cleanup(restore)
 
 
+def progress_line(cell_id: str, elapsed: float, line: str, width: int) -> str:
+    """`[rlk] <cell>: <s> s, run.log: <last line>`, cut at a word boundary to `width`."""
+    import textwrap
+
+    tail = " ".join(line.split()) or "(empty)"
+    source = "" if tail.startswith("slurm job ") else "run.log: "  # Slurm: the job's state
+    head = f"[rlk] {cell_id}: {elapsed:.0f} s, {source}"
+    room = max(width - len(head), 20)
+    return head + textwrap.shorten(tail, width=room, placeholder=" ...")
+
+
 def _progress_printer(config: pytest.Config) -> Any:
-    """Elapsed time and the last `run.log` line of a long cell, on the real terminal."""
+    """Elapsed time and the last `run.log` line of a long cell, on a line of its own."""
 
     def show(cell: Cell, elapsed: float, line: str) -> None:
         capman = config.pluginmanager.getplugin("capturemanager")
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is None:
             return
-        shown = line if line.startswith("slurm job ") else f"run.log: {line}"
-        text = f"[rlk] {cell.id}: {elapsed:.0f} s, {shown[:160]}"
+        writer = config.get_terminal_writer()
+        text = progress_line(cell.id, elapsed, line, min(writer.fullwidth, 160) - 1)
+
+        def write() -> None:
+            # Never inside a row of progress dots: `-q` writes them without a file prefix,
+            # so `write_line`'s own newline check does not see them.
+            if writer.width_of_current_line:
+                writer.line()
+            reporter.write_line(text)
+
         if capman is not None:
             with capman.global_and_fixture_disabled():
-                reporter.write_line(text)
+                write()
         else:
-            reporter.write_line(text)
+            write()
 
     return show
 
@@ -276,6 +297,15 @@ class MatrixHooks:
         self.config = config
         self.session = session
         self.is_worker = hasattr(config, "workerinput")
+
+    def pytest_report_header(self) -> list[str]:
+        probe = self.session.preflight.get("probe") or {}
+        if probe.get("reused"):
+            return [f"rlk: preflight probe REUSED from {probe['reused']['from']} "
+                    "(RLK_REUSE_PROBE), not run for this session"]
+        if probe.get("reuse_refused"):
+            return [f"rlk: RLK_REUSE_PROBE not used: {probe['reuse_refused']}"]
+        return []
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:

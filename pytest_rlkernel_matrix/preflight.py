@@ -38,9 +38,14 @@ __all__ = [
     "parse_rocminfo",
     "parse_topo",
     "run_command",
+    "save_probe",
 ]
 
 SCHEMA_VERSION = "rlkernel.preflight.v1"
+# Test-suite only: a probe file written by `save_probe` that the plugin reuses instead of running
+# the ~4 s interpreter probe again (the project's own tests share one per test session). Never
+# set outside tests unless you mean it; preflight.json then says `probe.reused`.
+REUSE_PROBE_ENV = "RLK_REUSE_PROBE"
 PROBE_SCRIPT = Path(__file__).with_name("_probe.py")
 # Runs the probe file with neither the cwd nor this package's directory on sys.path.
 PROBE_BOOTSTRAP = (
@@ -603,6 +608,43 @@ def _run_probe(
     return result
 
 
+def save_probe(
+    path: Path, *, python: str = sys.executable, env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Run the interpreter probe once and write its result to `path` for `collect_preflight`'s
+    `reuse_probe` (the test suite's shared probe). Written atomically; returns `path`."""
+    environ = dict(os.environ if env is None else env)
+    environ.pop(REUSE_PROBE_ENV, None)
+    probe = _run_probe(python, environ, timeout, None)
+    probe["probed_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    probe["requested_python"] = python
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(probe, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _reused_probe(path: Path, python: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(probe, None) from a `save_probe` file made with this interpreter, else (None, why)."""
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"{path}: unreadable ({exc})"
+    if not isinstance(saved, dict) or "probed_at" not in saved:
+        return None, f"{path}: not a probe written by save_probe"
+    want = os.path.abspath(shutil.which(python) or python)
+    got = (saved.get("python") or {}).get("executable")
+    if got is None or os.path.abspath(str(got)) != want:
+        return None, f"{path}: probed {got}, not {want}"
+    probe = {k: v for k, v in saved.items() if k not in ("probed_at", "requested_python")}
+    probe["reused"] = {"from": str(path), "probed_at": saved["probed_at"],
+                       "note": f"{REUSE_PROBE_ENV} set: the interpreter probe was not run for "
+                       "this session; its result was copied from an earlier probe"}
+    return probe, None
+
+
 def _repo_state(
     name: str, root: str | None, env: Mapping[str, str], timeout: float, raw_dir: Path | None
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -637,13 +679,24 @@ def collect_preflight(
     tokenizer: Path | None = None,
     topology: Mapping[str, object] | None = None,
     timeout: float = 60.0,
+    reuse_probe: Path | None = None,
 ) -> dict[str, object]:
-    """Collect the preflight record (JSON-serialisable); never raises for missing tools."""
+    """Collect the preflight record (JSON-serialisable); never raises for missing tools.
+
+    `reuse_probe`: a `save_probe` file to take the interpreter probe from instead of running it
+    (the test suite's shared probe); the record says so in `probe.reused`. A file that is
+    unreadable or from another interpreter is not used: the probe runs and `probe.reuse_refused`
+    says why.
+    """
     environ: dict[str, str] = dict(os.environ if env is None else env)
     raw = Path(raw_dir) if raw_dir is not None else None
     if raw is not None:
         raw.mkdir(parents=True, exist_ok=True)
-    probe = _run_probe(python, environ, timeout, raw)
+    probe, refused = _reused_probe(reuse_probe, python) if reuse_probe else (None, None)
+    if probe is None:
+        probe = _run_probe(python, environ, timeout, raw)
+        if refused:
+            probe["reuse_refused"] = refused
     commands: dict[str, dict[str, Any]] = {}
     outputs: dict[str, str] = {name: "" for name, _ in COMMANDS}
     timed_out: set[str] = set()

@@ -487,6 +487,9 @@ class MatrixSession:
         pre: dict[str, Any] = {"file": PREFLIGHT_FILE, **self.fingerprints}
         if self.preflight.get("capabilities"):
             pre["capabilities"] = self.preflight["capabilities"]
+        reused = (self.preflight.get("probe") or {}).get("reused")
+        if reused:  # a test suite's shared probe (RLK_REUSE_PROBE): never a fresh one
+            pre["probe_reused"] = reused
         report = build_report(
             list(self.records.values()), matrix=matrix, matrix_root=self.root, preflight=pre,
             created=self.created, expected_cells=self.expected_cells,

@@ -1,9 +1,28 @@
-"""Shared helpers for the project's own tests."""
+"""Shared helpers for the project's own tests.
+
+Shared preflight probe
+----------------------
+Every matrix session runs a preflight whose interpreter probe (``_probe.py``: imports torch,
+checks capabilities) costs ~4 s of CPU. A test that is *not about preflight* takes it from one
+probe shared by the whole test run instead:
+
+- ``make_matrix`` does this for you (every pytester test that writes a matrix file);
+- any other test asks for the ``reuse_probe`` fixture (it sets ``RLK_REUSE_PROBE`` for the test,
+  which in-process ``pytester.runpytest`` and ``runpytest_subprocess`` both see), or passes
+  ``{"RLK_REUSE_PROBE": str(shared_probe)}`` in the env of its own ``subprocess.run``;
+- a test about preflight marks itself ``@pytest.mark.fresh_probe``: ``make_matrix`` then leaves
+  the variable unset and the session probes for real.
+
+The reuse is never silent: ``preflight.json`` carries ``probe.reused`` (where from, when probed),
+``matrix-report.json`` ``preflight.probe_reused``, and the session header says
+``rlk: preflight probe REUSED``. The plugin honours the variable only when it is set.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +31,52 @@ import torch  # noqa: F401
 # pytester's in-process runs restore sys.modules afterwards; numpy and torch cannot be imported
 # twice in one process, so load the plugin's lazily imported modules once, here, up front.
 import pytest_rlkernel_matrix.session  # noqa: F401
+from pytest_rlkernel_matrix.preflight import REUSE_PROBE_ENV, save_probe
 
 pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fresh_probe: run the real preflight probe (make_matrix shares none)")
+
+
+@pytest.fixture(scope="session")
+def shared_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real interpreter probe for the whole test run (xdist workers share it, file-locked)."""
+    from filelock import FileLock
+
+    # Under xdist every worker has its own basetemp; their common parent is per test run.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = shared / "rlk-shared-probe.json"
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            save_probe(path)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`FAKE_SIDECAR_CACHE` for the whole run: fake_framework.py saves each distinct logprob
+    sidecar once (a real torch.save) and copies it afterwards instead of importing torch."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fake-sidecars"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FAKE_SIDECAR_CACHE", str(path))
+        # Under `-n auto` every worker already keeps a core busy: cells (the reference workload)
+        # get one intra-op thread each instead of oversubscribing the cores (OpenMP spin-waits
+        # then burn CPU for nothing). An OMP_NUM_THREADS you set yourself is kept.
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+            mp.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        yield path
+
+
+@pytest.fixture
+def reuse_probe(shared_probe: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Matrix sessions started by this test reuse `shared_probe` (RLK_REUSE_PROBE)."""
+    monkeypatch.setenv(REUSE_PROBE_ENV, str(shared_probe))
+    yield shared_probe
 
 FAKE = Path(__file__).with_name("fake_framework.py")
 
@@ -34,8 +97,12 @@ def matrix_toml(
 
 
 @pytest.fixture
-def make_matrix(pytester: pytest.Pytester) -> Callable[..., Path]:
-    """Write `matrix.toml` for the fake framework into the pytester directory."""
+def make_matrix(pytester: pytest.Pytester, request: pytest.FixtureRequest) -> Callable[..., Path]:
+    """Write `matrix.toml` for the fake framework into the pytester directory.
+
+    Sessions in the test reuse the shared probe unless the test is marked `fresh_probe`."""
+    if request.node.get_closest_marker("fresh_probe") is None:
+        request.getfixturevalue("reuse_probe")
 
     def make(**kwargs: object) -> Path:
         return pytester.makefile(".toml", matrix=matrix_toml(**kwargs))  # type: ignore[arg-type]

@@ -1,8 +1,9 @@
-"""`rlk-matrix merge` and `rlk-matrix compare`, run as real subprocesses on the example reports."""
+"""`rlk-matrix merge`, `compare` and `preflight`, run as real subprocesses (example reports)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-EXAMPLES = Path(__file__).parents[1] / "docs" / "examples"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "docs" / "examples"
 CPU = EXAMPLES / "cpu" / "matrix-report.json"
 H200 = EXAMPLES / "h200" / "matrix-report.json"
 # A number followed by "x" or "times" (e.g. "1.4x faster"), or any speedup wording.
@@ -227,3 +229,39 @@ def test_compare_accepts_a_build_change_on_request(tmp_path: Path) -> None:
     assert refused.returncode == 0 and "build fingerprint differs" in refused.stdout
     gated = subprocess.run([*base, "--accept-build-change"], capture_output=True, text=True)
     assert gated.returncode == 1 and "VIOLATION" in gated.stdout
+
+
+# -- preflight -------------------------------------------------------------------------------------
+
+
+def test_preflight_reads_the_matrix_file_and_prints_a_summary(tmp_path: Path) -> None:
+    """The repo's matrix runs the built-in workload: its R kernels are what preflight checks."""
+    proc = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", "preflight",
+                           "--output", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, COLUMNS="80"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    data = json.loads((tmp_path / "preflight.json").read_text())
+    caps = data["capabilities"]
+    assert caps["r_provider"] == "workload"
+    assert data["matrix"] == {"file": "matrix.toml", "profile": "cpu", "r_provider": "workload",
+                              "r_provider_from": "matrix.toml: [runner] command, r_provider = auto"}
+    assert "matrix:       matrix.toml: profile cpu detected" in out
+    assert "R kernels:    workload (matrix.toml: [runner] command" in out
+    states = {k: e["status"] for k, e in caps["capabilities"].items() if k.startswith("r_backend")}
+    for key, status in states.items():
+        assert f"{key.removeprefix('r_backend.')} {status}" in " ".join(out.split())
+    assert "r_backend.attention: rl_engine not installed" not in out
+    # short and human: no JSON, every line fits the terminal, nothing cut inside a word
+    assert "{" not in out
+    assert all(len(line) <= 80 for line in out.splitlines() if str(tmp_path) not in line), out
+    assert len(out.splitlines()) <= 16
+    assert "reused" not in data["probe"]  # the CLI always probes for real
+
+
+def test_preflight_rejects_a_bad_matrix_file(tmp_path: Path) -> None:
+    bad = tmp_path / "m.toml"
+    bad.write_text("[matrix]\nname = 1\n")
+    proc = rlk("preflight", "--matrix", bad, "--output", tmp_path / "out")
+    assert proc.returncode == 2 and str(bad) in proc.stderr
+    assert not (tmp_path / "out" / "preflight.json").exists()

@@ -5,7 +5,8 @@
     the pydantic schema of `matrix.py`; complete toml blocks also validate as a whole file;
 (c) every `rlk-matrix <subcommand>` named exists in `cli.build_parser()`;
 (d) docs/en and docs/zh hold the same files with the same number of headings per level;
-(e) the CPU quickstart block (`<!-- quickstart-cpu -->` in docs/en/cuda-h100.md) runs;
+(e) the CPU quickstart block (`<!-- quickstart-cpu -->` in docs/en/cuda-h100.md) runs, and every
+    `pytest` line of the README's "Everyday use" block collects on the CPU machine;
 (f) no absolute developer path anywhere in the docs. Rule: none of `/work/`, `/root/`, `/home/`,
     `/tmp/`, `/Users/`, `/data/`, `/mnt/`, and no `/opt/` other than `/opt/rocm`, in any line,
     sample output included: captured output is scrubbed to `<matrix-root>`, `$VIME_ROOT`, ...
@@ -302,9 +303,10 @@ def test_quickstart_blocks_match_between_languages() -> None:
     assert zh_lines == quickstart_lines()
 
 
-def test_cpu_quickstart_runs(tmp_path: Path) -> None:
+def test_cpu_quickstart_runs(tmp_path: Path, shared_probe: Path) -> None:
     root = tmp_path / "matrix-root"
-    env = dict(os.environ, MATRIX_ROOT=str(root),
+    # Not a preflight test: the session takes the test run's shared probe (tests/conftest.py).
+    env = dict(os.environ, MATRIX_ROOT=str(root), RLK_REUSE_PROBE=str(shared_probe),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     for var in ("MATRIX_STAMP", "RLK_REF_FAULT", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER"):
         env.pop(var, None)
@@ -328,3 +330,34 @@ def test_cpu_quickstart_runs(tmp_path: Path) -> None:
     assert cell["mismatch_count"] == 0 and cell["active_token_count"] > 0
     assert "| cpu | attention | R/R | valid |" in outputs[-1]
 
+
+
+def everyday_pytest_lines() -> list[str]:
+    readme = text(REPO / "README.md")
+    section = readme[readme.index("## Everyday use"):readme.index("Without re-running anything")]
+    (block,) = [body for info, body in fenced(section) if info == "bash"]
+    return [ln.split("  #")[0].strip() for ln in block.splitlines()
+            if ln.strip() and not ln.startswith("#")]
+
+
+@pytest.mark.parametrize("line", everyday_pytest_lines())
+def test_readme_everyday_lines_run_on_the_cpu_machine(line: str, pytester: pytest.Pytester,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      reuse_probe: Path) -> None:
+    """Collected (preflight, hardware detection, selection; no cell runs) against matrix.toml."""
+    argv = shlex.split(line)
+    while "=" in argv[0]:  # VAR=value prefixes
+        name, _, value = argv.pop(0).partition("=")
+        monkeypatch.setenv(name, os.path.expandvars(value))
+    assert argv[0] == "pytest", line
+    args = argv[1:]
+    if "path/to/other.toml" in line:  # a placeholder: point it at a real file
+        args = [a.replace("path/to/other.toml", str(pytester.path / "other.toml")) for a in args]
+        (pytester.path / "other.toml").write_text(text(REPO / "matrix.toml"))
+    if "-n" in args:
+        pytest.importorskip("xdist")
+        i = args.index("-n")
+        del args[i:i + 2]  # the -n line is run for real by test_integrations_under_xdist
+    (pytester.path / "matrix.toml").write_text(text(REPO / "matrix.toml"))
+    result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", *args)
+    assert result.ret == 0, f"{line}\n{result.stdout.str()}\n{result.stderr.str()}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.html import HTML_FILE, render_html, write_html
+from pytest_rlkernel_matrix import html as html_module
+from pytest_rlkernel_matrix.html import HTML_FILE, drift_class, render_html, write_html
 
 XSS = "<script>alert(1)</script>"
 SCRIPT = Path(__file__).parents[1] / "scripts" / "screenshot_report.py"
@@ -29,6 +32,8 @@ class Page(HTMLParser):
         self.attrs: list[tuple[str, dict[str, str | None]]] = []
         self.matrix_cells: list[dict[str, str | None]] = []
         self.scripts = 0
+        self.depth = 0  # <details> nesting: text at depth 0 is visible without a click
+        self.visible: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
@@ -37,6 +42,19 @@ class Page(HTMLParser):
             self.matrix_cells.append(a)
         if tag == "script":
             self.scripts += 1
+        if tag == "details":
+            self.depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "details":
+            self.depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.depth == 0:
+            self.visible.append(data)
+
+    def visible_text(self) -> str:
+        return " ".join(" ".join(self.visible).split())
 
 
 def parse(text: str) -> Page:
@@ -122,13 +140,78 @@ PREFLIGHT = {
 def test_every_cell_appears_with_its_verdict_class() -> None:
     report = sample_report()
     page = parse(render_html(report, PREFLIGHT))
-    got = sorted((a.get("data-verdict"), a.get("class")) for a in page.matrix_cells)
-    want = sorted((c["verdict"], f"mcell v-{c['verdict']}") for c in report["cells"])
+    got = sorted((a.get("data-verdict"), (a.get("class") or "").split()[:2])
+                 for a in page.matrix_cells)
+    want = sorted((c["verdict"], ["mcell", f"v-{c['verdict']}"]) for c in report["cells"])
     assert got == want
     details = {a.get("id") for tag, a in page.attrs if tag == "details"}
     anchors = {a["href"][1:] for tag, a in page.attrs
                if tag == "a" and (a.get("href") or "").startswith("#")}
     assert len(anchors) == len(report["cells"]) and anchors <= details
+
+
+def test_drift_class_is_shown_apart_from_the_verdict() -> None:
+    report = sample_report()
+    report["cells"][1].update(bitwise_mismatch_count=140, logprob_abs_diff_max=0.0201)
+    report["cells"][2].update(active_token_count=0, mismatch_count=0)
+    page = parse(render_html(report, PREFLIGHT))
+    drift = {(a.get("data-verdict"), a.get("data-drift")) for a in page.matrix_cells}
+    # attention R/R: valid + bitwise; P/R: 140 of 140 tokens differ; R/P: no tokens
+    assert ("valid", "bitwise") in drift and ("fallback", "drifting") in drift
+    assert ("contract_mismatch", "unknown") in drift
+    # the bare record has no token counts: unknown, never bitwise
+    assert [a.get("data-drift") for a in page.matrix_cells if a.get("data-verdict") == "valid"
+            ] == ["bitwise", "unknown"]
+    for a in page.matrix_cells:
+        assert f"d-{a.get('data-drift')}" in (a.get("class") or "").split()
+    visible = page.visible_text()
+    assert "drifting, max|dlogp| 2.01e-02" in visible
+    assert "unknown: no tokens" in visible
+    # the legend names both scales
+    assert "verdict (badge)" in visible and "drift class (cell colour and mark)" in visible
+    for word in ("bitwise", "drifting", "unknown", "valid", "fallback", "error"):
+        assert word in visible
+
+
+def test_drift_class_fails_closed() -> None:
+    assert drift_class({"active_token_count": 10, "mismatch_count": 0,
+                        "bitwise_mismatch_count": 0, "logprob_abs_diff_max": 0.0})["cls"] \
+        == "bitwise"
+    # equal by value, different bits (e.g. -0.0 vs +0.0): not bitwise
+    assert drift_class({"active_token_count": 10, "mismatch_count": 0,
+                        "bitwise_mismatch_count": 2, "logprob_abs_diff_max": 0.0})["cls"] \
+        == "drifting"
+    assert drift_class({"active_token_count": 10, "mismatch_count": 0,
+                        "nonfinite_count": 1})["cls"] == "drifting"
+    assert drift_class({"active_token_count": 10})["cls"] == "unknown"
+    assert drift_class({"active_token_count": None, "mismatch_count": 0})["cls"] == "unknown"
+    assert drift_class({})["cls"] == "unknown"
+
+
+def test_not_judged_reasons_are_visible_without_expanding() -> None:
+    report = sample_report()
+    report["cells"][0]["validity"]["numeric"] = {
+        "valid": None, "reasons": [f"no contract: drift is reported, not judged {XSS}"]}
+    page = parse(render_html(report, PREFLIGHT))
+    visible = page.visible_text()
+    assert f"no contract: drift is reported, not judged {XSS}" in visible  # escaped, then parsed
+    assert "numeric not judged" in visible
+    assert f"fallback recorded: {XSS}" in visible  # a non-valid cell's reason, too
+
+
+def test_mismatch_kl_is_labelled_by_estimator() -> None:
+    report = sample_report()
+    report["cells"][1].update(mismatch_kl=-2.067e-05, mismatch_k3_kl=1.39e-05)
+    text = render_html(report, PREFLIGHT)
+    assert "mismatch KL, k3 = mean(e^d - d - 1) &gt;= 0" in text
+    assert "mismatch KL, k1 = mean(-d), sign not meaningful" in text
+    assert "-2.07e-05" in text and "1.39e-05" in text
+
+
+def test_markup_lives_in_the_template() -> None:
+    source = Path(html_module.__file__).read_text(encoding="utf-8")
+    assert not re.search(r"<(span|td|tr|table|div|ul|li|svg|rect|details)\b", source)
+    assert "autoescape=True" in source
 
 
 def test_report_text_is_escaped() -> None:
@@ -176,7 +259,7 @@ def test_write_html_is_atomic(tmp_path: Path) -> None:
     assert sorted(p.name for p in path.parent.iterdir()) == [HTML_FILE]
 
 
-def _run_fake(tmp: Path) -> Path:
+def _run_fake(tmp: Path, probe: Path) -> Path:
     fake = Path(__file__).with_name("fake_framework.py")
     (tmp / "matrix.toml").write_text(
         '[matrix]\nname = "fake"\nmodules = ["attention", "ffn"]\n'
@@ -186,7 +269,8 @@ def _run_fake(tmp: Path) -> Path:
     root = tmp / "root"
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                     "-k", "attention and (R/R or P/R)", f"--rlk-matrix-root={root}"],
-                   cwd=tmp, check=True, capture_output=True, timeout=300)
+                   cwd=tmp, check=True, capture_output=True, timeout=300,
+                   env=dict(os.environ, RLK_REUSE_PROBE=str(probe)))
     return root
 
 
@@ -199,8 +283,8 @@ def test_write_html_outside_the_root_keeps_links_relative(tmp_path: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def real_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run_fake(tmp_path_factory.mktemp("fake"))
+def real_root(tmp_path_factory: pytest.TempPathFactory, shared_probe: Path) -> Path:
+    return _run_fake(tmp_path_factory.mktemp("fake"), shared_probe)
 
 
 def test_real_report_renders(real_root: Path) -> None:

@@ -367,6 +367,8 @@ def test_report_command_reproduces_the_report(pytester: pytest.Pytester, make_ma
     done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report",
                            str(root), "--output", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    # one line like pytest's summary, not a Python dict
+    assert done.stdout.splitlines() == [f"1 fallback, 7 valid in 8 of 8 cells (complete): {out}"]
     before, after = _report(root), json.loads(out.read_text())
     before.pop("created"), after.pop("created")
     assert before == after
@@ -375,11 +377,27 @@ def test_report_command_reproduces_the_report(pytester: pytest.Pytester, make_ma
 
 def test_progress_lines_for_a_long_cell(pytester: pytest.Pytester, make_matrix,
                                         tmp_path: Path) -> None:
-    make_matrix(env={"FAKE_SCENARIO": "slow"}, modules='["attention"]')
-    result = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'root'}", "-k", "R/R",
-                                "-o", "rlk_progress_interval=1")
-    assert result.ret == 0
-    result.stdout.fnmatch_lines(["[[]rlk[]] cpu/attention-rr: * s, run.log: rollout *"])
+    # Only the second cell is slow: its progress lines come after the first cell's dot.
+    make_matrix(env={"FAKE_SCENARIO": "slow", "FAKE_ONLY_WHEN": "A-PR_F-RR_L-RR"},
+                modules='["attention"]')
+    for verbosity in ("-q", "-v"):
+        result = pytester.runpytest(f"--rlk-matrix-root={tmp_path / verbosity}", "-k",
+                                    "R/R or P/R", "-o", "rlk_progress_interval=1", verbosity,
+                                    "-p", "no:randomly")
+        assert result.ret == 0
+        result.stdout.fnmatch_lines(["[[]rlk[]] cpu/attention-pr: * s, run.log: rollout *"])
+        lines = result.stdout.lines
+        # each on a line of its own, never after a progress dot or a test id
+        assert all(ln.startswith("[rlk] ") for ln in lines if "[rlk]" in ln), lines
+
+
+def test_progress_line_is_cut_at_a_word_boundary() -> None:
+    from pytest_rlkernel_matrix.plugin import progress_line
+
+    text = progress_line("cpu/attention-rr", 31.4, "rollout 3: " + "wordy " * 40, 80)
+    assert len(text) <= 80 and text.endswith("wordy ...")
+    assert text.startswith("[rlk] cpu/attention-rr: 31 s, run.log: rollout 3: wordy")
+    assert progress_line("c", 1, "  ", 80) == "[rlk] c: 1 s, run.log: (empty)"
 
 
 def test_profiler_contaminates_performance_only(pytester: pytest.Pytester, make_matrix,
@@ -394,6 +412,7 @@ def test_profiler_contaminates_performance_only(pytester: pytest.Pytester, make_
     assert "profiler" in " ".join(cell["validity"]["performance"]["reasons"])
 
 
+@pytest.mark.fresh_probe
 def test_strict_fails_fast_when_preflight_finds_no_r_backend(
     pytester: pytest.Pytester, make_matrix, tmp_path: Path
 ) -> None:
@@ -405,6 +424,7 @@ def test_strict_fails_fast_when_preflight_finds_no_r_backend(
     report = _report(root)
     pre = json.loads((root / "preflight.json").read_text())
     assert pre["capabilities"]["capabilities"]["r_backend.attention"]["status"] == "unavailable"
+    assert "reused" not in pre["probe"]  # fresh_probe: this session ran its own probe
     rr = _cell(report, "attention", "R/R")
     assert rr["verdict"] == "unsupported" and rr["exit_code"] is None
     assert rr["unsupported_class"] == "platform_unsupported"
@@ -453,3 +473,18 @@ def test_report_carries_the_capability_report(pytester: pytest.Pytester, make_ma
     caps = _report(root)["preflight"]["capabilities"]
     assert caps["r_provider"] == "external"
     assert set(caps["summary"]) == {"verified", "unavailable", "untested"}
+
+
+def test_shared_probe_reuse_is_recorded(pytester: pytest.Pytester, make_matrix,
+                                        tmp_path: Path, shared_probe: Path) -> None:
+    """The test suite's shared probe (RLK_REUSE_PROBE) is never taken for a fresh one."""
+    make_matrix(modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-k", "R/R")
+    result.stdout.fnmatch_lines(["rlk: preflight probe REUSED from *rlk-shared-probe.json*"])
+    pre = json.loads((root / "preflight.json").read_text())
+    assert pre["probe"]["reused"]["from"] == str(shared_probe)
+    assert pre["probe"]["reused"]["probed_at"]
+    assert pre["probe"]["status"] == "ok" and pre["probe"]["torch"]["version"]
+    assert _report(root)["preflight"]["probe_reused"]["from"] == str(shared_probe)
+    assert "REUSED from" in (root / "matrix-report.html").read_text()

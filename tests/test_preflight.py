@@ -567,3 +567,31 @@ def test_real_h200_preflight_recorded_through_the_device_tool() -> None:
     assert [g["name"] for g in gpus] == ["NVIDIA H200"]
     topo = pf.parse_topo((folder / "nvidia-smi-topo.txt").read_text())
     assert topo["gpus"] == ["GPU0"] or topo.get("devices")
+
+
+def test_reused_probe_is_marked_and_refused_when_it_does_not_fit(tmp_path: Path) -> None:
+    """RLK_REUSE_PROBE's file: used only for the interpreter it probed, and always labelled."""
+    saved = {"status": "ok", "probed_at": "2026-01-01T00:00:00+00:00",
+             "requested_python": sys.executable, "python": {"executable": sys.executable},
+             "torch": {"version": "2.13.0+cpu"}}
+    good = tmp_path / "probe.json"
+    good.write_text(json.dumps(saved))
+    probe, why = pf._reused_probe(good, sys.executable)
+    assert why is None and probe is not None
+    assert probe["reused"]["from"] == str(good) and "not run" in probe["reused"]["note"]
+    assert "probed_at" not in probe and probe["torch"] == {"version": "2.13.0+cpu"}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**saved, "python": {"executable": "/elsewhere/python3"}}))
+    assert pf._reused_probe(other, sys.executable) == (
+        None, f"{other}: probed /elsewhere/python3, not {os.path.abspath(sys.executable)}")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert "unreadable" in str(pf._reused_probe(bad, sys.executable)[1])
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"status": "ok"}))
+    assert "not a probe written by save_probe" in str(pf._reused_probe(bare, sys.executable)[1])
+    # A refused file never stands in for the probe: the real one runs (here: a missing python).
+    result = pf.collect_preflight(python=NO_PYTHON, env={"PATH": ""}, reuse_probe=other)
+    assert result["probe"]["status"] == "missing"
+    assert "probed /elsewhere/python3" in result["probe"]["reuse_refused"]
+    assert "reused" not in result["probe"]

@@ -3,15 +3,34 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Not about preflight: these sessions take the test run's shared probe (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("reuse_probe")
 
 
-def _run(pytester: pytest.Pytester, root: Path, *args: str) -> tuple[pytest.RunResult, dict]:
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={REPO / 'matrix.toml'}",
+def _one_step_matrix(pytester: pytest.Pytester) -> Path:
+    """The repo's matrix.toml with one measured step and no warm-up per cell.
+
+    For tests whose assertions come from the evidence (routes, weights, capability lines,
+    drift), not from timing statistics: a third of the workload's CPU time."""
+    text = (REPO / "matrix.toml").read_text()
+    quick = re.sub(r"(?m)^repeats = \d+", "repeats = 1", text)
+    quick = re.sub(r"(?m)^warmup = \d+", "warmup = 0", quick)
+    assert quick.count("repeats = 1") == 1 and quick.count("warmup = 0") == 1, "matrix.toml moved"
+    path = pytester.path / "matrix.toml"
+    path.write_text(quick)
+    return path
+
+
+def _run(pytester: pytest.Pytester, root: Path, *args: str,
+         one_step: bool = False) -> tuple[pytest.RunResult, dict]:
+    matrix = _one_step_matrix(pytester) if one_step else REPO / "matrix.toml"
+    result = pytester.runpytest_subprocess(f"--rlk-matrix={matrix}",
                                            f"--rlk-matrix-root={root}", "-p", "no:cacheprovider",
                                            *args)
     return result, json.loads((root / "matrix-report.json").read_text())
@@ -57,7 +76,7 @@ def test_fault_drills(pytester: pytest.Pytester, tmp_path: Path, fault: str, ver
                       words: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLK_REF_FAULT", fault)
     result, report = _run(pytester, tmp_path / "root", "-k", "attention and R/R",
-                          "-o", "rlk_matrix=matrix.toml")
+                          "-o", "rlk_matrix=matrix.toml", one_step=True)
     cell = _cell(report, "attention", "R/R")
     assert cell["verdict"] == verdict, cell["reasons"]
     text = " ".join(cell["reasons"])
@@ -70,7 +89,8 @@ def test_fault_drills(pytester: pytest.Pytester, tmp_path: Path, fault: str, ver
 def test_strict_mode_fails_closed_on_a_drill(pytester: pytest.Pytester, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLK_REF_FAULT", "unsupported:attention:rollout")
-    result, report = _run(pytester, tmp_path / "root", "--rlk-mode=strict", "-m", "rlk_baseline")
+    result, report = _run(pytester, tmp_path / "root", "--rlk-mode=strict", "-m", "rlk_baseline",
+                          one_step=True)
     assert result.ret == 1
     cell = _cell(report, "attention", "R/R")
     assert cell["verdict"] == "unsupported" and cell["exit_code"] == 4
@@ -81,7 +101,8 @@ def test_attribution_points_at_a_silent_fallback(pytester: pytest.Pytester, tmp_
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Rollout attention secretly runs P in every cell: R/R drifts exactly like attention R/P."""
     monkeypatch.setenv("RLK_REF_FAULT", "silent_fallback:attention:rollout")
-    result, report = _run(pytester, tmp_path / "root", "-k", "attention or ffn and R/P")
+    result, report = _run(pytester, tmp_path / "root", "-k", "attention or ffn and R/P",
+                          one_step=True)
     assert result.ret == 0  # audit: recorded, not failed
     rr = _cell(report, "attention", "R/R")
     assert rr["verdict"] == "contract_mismatch"
