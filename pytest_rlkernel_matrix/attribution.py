@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_rlkernel_matrix.terms import MODULES
+from pytest_rlkernel_matrix.terms import ALL_MODULES as MODULES
 
 DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
          "mismatch_fraction")

@@ -166,20 +166,67 @@ def _np(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def _zigzag_slice(mask: np.ndarray, total: int, response: int, cp: int, cp_rank: int,
-                  ) -> np.ndarray | None:
-    """The part of a full response mask this CP rank holds under zigzag splitting."""
+def _zigzag_keep(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
+    """Which response tokens a CP rank holds under zigzag splitting (chunks r and 2cp-1-r of
+    ceil(total / 2cp) tokens)."""
     chunk = -(-total // (2 * cp))
     keep = np.zeros(total, dtype=bool)
     for c in (cp_rank, 2 * cp - 1 - cp_rank):
         keep[c * chunk:(c + 1) * chunk] = True
-    local = keep[total - response:total]
+    return keep[total - response:total]
+
+
+def _zigzag_slice(mask: np.ndarray, total: int, response: int, cp: int, cp_rank: int,
+                  ) -> np.ndarray | None:
+    """The part of a full response mask this CP rank holds under zigzag splitting."""
+    local = _zigzag_keep(total, response, cp, cp_rank)
     if local.size != mask.size:
         return None
     return mask[local]
 
 
-def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str]) -> list[Sample]:
+@dataclass
+class _CpSlice:
+    """Where a CP rank's slice of one sample sits in the whole response."""
+
+    group: tuple[int, int]  # (data-parallel rank, sample index): one sample
+    cp: int
+    cp_rank: int
+    keep: np.ndarray  # bool over the full response
+
+
+def _merge_cp(samples: list[Sample], slices: list[_CpSlice | None], problems: list[str],
+              ) -> list[Sample]:
+    """One sample per (DP rank, sample index): CP slices scattered back into the response, so
+    a token is counted once; a slice missing from a sample is a problem, not a silent drop."""
+    out: list[Sample] = []
+    groups: dict[tuple[int, int], list[tuple[Sample, _CpSlice]]] = {}
+    for s, sl in zip(samples, slices, strict=True):
+        if sl is None:
+            out.append(s)
+        else:
+            groups.setdefault(sl.group, []).append((s, sl))
+    for (dp, index), parts in sorted(groups.items()):
+        cp = parts[0][1].cp
+        got = sorted(sl.cp_rank for _, sl in parts)
+        if got != list(range(cp)):
+            problems.append(f"sample {index} (DP rank {dp}): CP slices from ranks {got} of "
+                            f"{cp}: the sidecars do not cover the response once")
+            continue
+        n = parts[0][1].keep.size
+        train = np.zeros(n, dtype=parts[0][0].train.dtype)
+        roll = np.zeros(n, dtype=parts[0][0].rollout.dtype)
+        mask = np.zeros(n, dtype=parts[0][0].mask.dtype)
+        for s, sl in parts:
+            train[sl.keep], roll[sl.keep], mask[sl.keep] = s.train, s.rollout, s.mask
+        first = min(parts, key=lambda p: p[0].rank)[0]
+        out.append(Sample(train=train, rollout=roll, mask=mask, rank=first.rank,
+                          tokens=first.tokens, sample=index))
+    return out
+
+
+def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str],
+                          slices: list[_CpSlice | None] | None = None) -> list[Sample]:
     train = data.get("train_log_probs")
     roll = data.get("rollout_log_probs")
     masks = data.get("loss_masks")
@@ -206,9 +253,13 @@ def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str]) 
         if ma is None:
             problems.append(f"{name}: sample {i} has no loss mask")
             continue
-        if ma.size != ta.size and cp > 1 and i < len(totals) and i < len(responses):
-            sliced = _zigzag_slice(ma, int(totals[i]), int(responses[i]), cp, cp_rank)
-            ma = sliced if sliced is not None else ma
+        keep = None
+        if cp > 1 and i < len(totals) and i < len(responses):
+            keep = _zigzag_keep(int(totals[i]), int(responses[i]), cp, cp_rank)
+            if keep.size != ma.size:
+                keep = None
+            elif ma.size != ta.size:
+                ma = ma[keep]
         if not (ta.size == ra.size == ma.size):
             problems.append(
                 f"{name}: sample {i} lengths differ (train {ta.size}, rollout {ra.size}, "
@@ -216,8 +267,11 @@ def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str]) 
             )
             continue
         tok = _np(tokens[i]).reshape(-1) if isinstance(tokens, list) and i < len(tokens) else None
-        out.append(Sample(train=ta, rollout=ra, mask=ma, rank=rank, tokens=tok,
-                          sample=int(indices[i]) if i < len(indices) else len(out)))
+        index = int(indices[i]) if i < len(indices) else len(out)
+        out.append(Sample(train=ta, rollout=ra, mask=ma, rank=rank, tokens=tok, sample=index))
+        if slices is not None:
+            slices.append(None if keep is None or keep.sum() != ta.size else _CpSlice(
+                (rank // (tp * cp), index), cp, cp_rank, keep))
     return out
 
 
@@ -251,15 +305,20 @@ def _read_logprobs(ev: Evidence) -> None:
     for sub in SIDECAR_DIRS:
         files.extend(sorted((ev.root / sub).glob("*.pt")))
     samples: list[Sample] = []
+    ranks: set[int] = set()
     if files:
         ev.logprob_source = "mismatch-sidecars"
+        slices: list[_CpSlice | None] = []
         for path in files:
             data = _load_pt(path, ev.problems)
             if data is None:
                 continue
             ev.sidecar_files.append(f"{path.parent.name}/{path.name}")
             _add_unique(ev.sidecar_schema, data.get("schema"))
-            samples.extend(_samples_from_sidecar(data, path.name, ev.sample_problems))
+            ranks.add(int(data.get("rank", 0) or 0))
+            samples.extend(_samples_from_sidecar(data, path.name, ev.sample_problems, slices))
+        if any(sl is not None for sl in slices):
+            samples = _merge_cp(samples, slices, ev.sample_problems)
     else:
         dumps = sorted((ev.root / "train-data").glob("*.pt"))
         if dumps:
@@ -282,6 +341,8 @@ def _read_logprobs(ev: Evidence) -> None:
                 samples.append(Sample(ta, ra, np.ones(ta.size, dtype=bool), sample=i, rank=rank))
     if ev.logprob_source is not None:
         ev.metrics = compute(_renumber(samples))
+        if ranks:  # ranks whose sidecars were read (TP replicas included)
+            ev.metrics.rank_count = len(ranks)
 
 
 def _read_weight_audit(ev: Evidence) -> None:

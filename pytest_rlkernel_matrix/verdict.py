@@ -21,7 +21,6 @@ from pytest_rlkernel_matrix.cells import Cell
 from pytest_rlkernel_matrix.evidence import SIDES, Evidence, Route
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
-from pytest_rlkernel_matrix.terms import MODULES
 
 IMPLEMENTATION = {"P": "production", "R": "rl_kernel"}
 UNSUPPORTED_CLASSES = (
@@ -100,7 +99,7 @@ def _unsupported(cell: Cell, ev: Evidence) -> list[tuple[str, str]]:
             cls = "platform_unsupported"
         where = f"{line.get('module', '')} {line.get('side', '')}".strip()
         found.append((cls, f"{where}: {line.get('reason', '')}".strip(": ")))
-    wants_r = any("R" in cell.cases.of(m) for m in MODULES)
+    wants_r = any("R" in cell.cases.of(m) for m in cell.cases.modules)
     if wants_r and "build_failure" in ev.log.errors:
         found.append(("build_failure", ev.log.errors["build_failure"]))
     return found
@@ -116,7 +115,7 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
     if not ev.readback_files:
         for line in ev.log.fallback_lines:
             fallbacks.append(f"run.log: {line}")
-    for module in MODULES:
+    for module in cell.cases.modules:
         for side in SIDES:
             letter = "P" if mode == "off" else cell.cases.side(module, side)
             want = IMPLEMENTATION[letter]
@@ -158,12 +157,12 @@ def _judge_semantic(ev: Evidence) -> Judgement:
     return sem
 
 
-def _declared_contract(ev: Evidence, mode: str) -> dict[str, Any]:
+def _declared_contract(ev: Evidence, mode: str, modules: Sequence[str]) -> dict[str, Any]:
     """The contract both sides declare for the whole logprob path, or kind 'none'."""
     if mode == "off":
         return {"kind": "none", "why": "mode off: native route, no RL-Kernel contract"}
     contracts: list[Any] = []
-    for module in MODULES:
+    for module in modules:
         for side in SIDES:
             r = ev.routes[side].get(module)
             if r is None or r.implementation != "rl_kernel":
@@ -197,10 +196,11 @@ def contract_id(ev: Evidence) -> str | None:
     return ",".join(ids) or None
 
 
-def _judge_numeric(ev: Evidence, mode: str) -> tuple[Judgement, dict[str, Any], list[str]]:
+def _judge_numeric(ev: Evidence, mode: str, modules: Sequence[str],
+                   ) -> tuple[Judgement, dict[str, Any], list[str]]:
     num = Judgement()
     errors: list[str] = []
-    contract = _declared_contract(ev, mode)
+    contract = _declared_contract(ev, mode, modules)
     m = ev.metrics
     if m is None:
         errors.append("no logprob evidence (no mismatch-sidecars/*.pt or train-data/*.pt)")
@@ -280,7 +280,7 @@ def decide(
     semantic = _judge_semantic(ev)
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")
-    numeric, contract, evidence_errors = _judge_numeric(ev, mode)
+    numeric, contract, evidence_errors = _judge_numeric(ev, mode, cell.cases.modules)
     performance = _judge_performance(ev, env, route.valid is not False, mode, warmup)
     unsupported = _unsupported(cell, ev)
     not_started = run.exit_code is None and not run.launch_error and not run.timed_out
