@@ -104,8 +104,8 @@ class Cell:
         return f"{self.hardware}/{self.cases.key}"
 
 
-def _with(fixed: str, comm: bool, **changed: str) -> Cases:
-    values = {m: changed.get(m, fixed) for m in (*MODULES, *(("comm",) if comm else ()))}
+def _with(fixed: str, with_comm: bool, **changed: str) -> Cases:
+    values = {m: changed.get(m, fixed) for m in (*MODULES, *(("comm",) if with_comm else ()))}
     return Cases(**values)
 
 
