@@ -15,6 +15,20 @@ import pytest_rlkernel_matrix.session  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (long multi-rank matrices)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --run-slow to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
 FAKE = Path(__file__).with_name("fake_framework.py")
 
 
