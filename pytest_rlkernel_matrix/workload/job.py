@@ -183,7 +183,7 @@ def resolve_route(env: Env, side: str, drill: FaultDrill | None, platform: str) 
     actual, claimed = dict(req), dict(req)
     fallbacks: list[dict[str, str]] = []
     unsupported: dict[str, str] = {}
-    if drill and drill.side == side and req[drill.module] == "rl_kernel":
+    if drill and drill.side == side and req.get(drill.module) == "rl_kernel":
         m = drill.module
         if drill.kind == "recorded_fallback":
             actual[m] = claimed[m] = "production"
@@ -516,7 +516,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "fault_drill": None if drill is None else {
             **asdict(drill),
             "applied": drill.kind == "corrupt_weight" or (
-                env.mode != "off" and env.requested(drill.module, drill.side) == "rl_kernel")},
+                env.mode != "off" and drill.module in env.modules
+                and env.requested(drill.module, drill.side) == "rl_kernel")},
         "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
                        "claimed": routes[s].claimed} for s in SIDES},
         "topology": {"tp": grid.tp, "cp": grid.cp, "world_size": grid.world,
