@@ -25,7 +25,7 @@ mode = "audit"
 [runner]
 command = '"$PYTHON_BIN" -m pytest_rlkernel_matrix.workload --preset tiny {SMALL} {extra}'
 cwd = "{REPO}"
-timeout = 300
+timeout = 900
 
 [hardware.cpu]
 backend = "cpu"
