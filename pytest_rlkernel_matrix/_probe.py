@@ -351,6 +351,7 @@ def _nccl(torch: Any, gpu: bool) -> dict[str, Any]:
 
     dist = importlib.import_module("torch.distributed")
     out: dict[str, Any] = {"available": bool(dist.is_available() and dist.is_nccl_available())}
+    out["gloo_available"] = bool(dist.is_available() and dist.is_gloo_available())
     with contextlib.suppress(Exception):
         raw = torch.cuda.nccl.version()
         out["version"] = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_rlkernel_matrix.stats import NOISE, Policy, Ratio, compare
-from pytest_rlkernel_matrix.terms import MODULES
+from pytest_rlkernel_matrix.terms import ALL_MODULES as MODULES
 
 DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
          "mismatch_fraction")

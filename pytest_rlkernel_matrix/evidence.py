@@ -256,24 +256,73 @@ def _seq(value: Any, what: str) -> list[Any]:
     return list(value)
 
 
+def _zigzag_keep(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
+    """Which response tokens a CP rank holds under zigzag splitting (chunks r and 2cp-1-r of
+    ceil(total / 2cp) tokens)."""
+    chunk = -(-total // (2 * cp))
+    keep = np.zeros(total, dtype=bool)
+    for c in (cp_rank, 2 * cp - 1 - cp_rank):
+        keep[c * chunk:(c + 1) * chunk] = True
+    return keep[total - response:total]
+
+
 def _zigzag_slice(mask: np.ndarray, total: int, response: int, cp: int, cp_rank: int,
                   ) -> np.ndarray | None:
     """The part of a full response mask this CP rank holds under zigzag splitting."""
     if not 0 <= response <= total:
         return None
-    chunk = -(-total // (2 * cp))
-    keep = np.zeros(total, dtype=bool)
-    for c in (cp_rank, 2 * cp - 1 - cp_rank):
-        keep[c * chunk:(c + 1) * chunk] = True
-    local = keep[total - response:total]
+    local = _zigzag_keep(total, response, cp, cp_rank)
     if local.size != mask.size:
         return None
     return mask[local]
 
 
+@dataclass
+class _CpSlice:
+    """Where a CP rank's slice of one sample sits in the whole response."""
+
+    group: tuple[int, int]  # (data-parallel rank, sample index): one sample
+    cp: int
+    cp_rank: int
+    keep: np.ndarray  # bool over the full response
+
+
+def _merge_cp(samples: list[Sample], slices: list[_CpSlice | None], problems: list[str],
+              ) -> list[Sample]:
+    """One sample per (DP rank, sample index): CP slices scattered back into the response, so
+    a token is counted once; a slice missing from a sample is a problem, not a silent drop."""
+    out: list[Sample] = []
+    groups: dict[tuple[int, int], list[tuple[Sample, _CpSlice]]] = {}
+    for s, sl in zip(samples, slices, strict=True):
+        if sl is None:
+            out.append(s)
+        else:
+            groups.setdefault(sl.group, []).append((s, sl))
+    for (dp, index), parts in sorted(groups.items()):
+        cp = parts[0][1].cp
+        got = sorted(sl.cp_rank for _, sl in parts)
+        if got != list(range(cp)):
+            problems.append(f"sample {index} (DP rank {dp}): CP slices from ranks {got} of "
+                            f"{cp}: the sidecars do not cover the response once")
+            continue
+        n = parts[0][1].keep.size
+        train = np.zeros(n, dtype=parts[0][0].train.dtype)
+        roll = np.zeros(n, dtype=parts[0][0].rollout.dtype)
+        mask = np.zeros(n, dtype=parts[0][0].mask.dtype)
+        for s, sl in parts:
+            train[sl.keep], roll[sl.keep], mask[sl.keep] = s.train, s.rollout, s.mask
+        first = min(parts, key=lambda p: p[0].rank)[0]
+        out.append(Sample(train=train, rollout=roll, mask=mask, rank=first.rank,
+                          tokens=first.tokens, sample=index))
+    return out
+
+
 def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str],
-                          info: dict[str, Any] | None = None) -> list[Sample]:
-    """Samples of one sidecar; malformed fields raise ValueError (the caller reports it)."""
+                          info: dict[str, Any] | None = None,
+                          slices: list[_CpSlice | None] | None = None) -> list[Sample]:
+    """Samples of one sidecar; malformed fields raise ValueError (the caller reports it).
+    With `slices`, one entry per returned sample: where a CP rank's zigzag slice sits in the
+    whole response (None when the sample is not a CP slice)."""
     train = _seq(data.get("train_log_probs"), "train_log_probs")
     roll = _seq(data.get("rollout_log_probs"), "rollout_log_probs")
     if data.get("train_log_probs") is None or data.get("rollout_log_probs") is None:
@@ -305,9 +354,14 @@ def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str],
         if ma is None:
             problems.append(f"{name}: sample {i} has no loss mask")
             continue
-        if ma.size != ta.size and cp > 1 and i < len(totals) and i < len(responses):
-            sliced = _zigzag_slice(ma, totals[i], responses[i], cp, cp_rank)
-            ma = sliced if sliced is not None else ma
+        keep = None
+        if (cp > 1 and i < len(totals) and i < len(responses)
+                and 0 <= responses[i] <= totals[i]):
+            keep = _zigzag_keep(totals[i], responses[i], cp, cp_rank)
+            if keep.size != ma.size:
+                keep = None
+            elif ma.size != ta.size:
+                ma = ma[keep]
         if not (ta.size == ra.size == ma.size):
             problems.append(
                 f"{name}: sample {i} lengths differ (train {ta.size}, rollout {ra.size}, "
@@ -320,6 +374,9 @@ def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str],
         out.append(Sample(train=ta, rollout=ra, mask=ma, rank=rank, tokens=tok,
                           sample=index if isinstance(index, int) and not isinstance(index, bool)
                           else len(out)))
+        if slices is not None:
+            slices.append(None if keep is None or keep.sum() != ta.size else _CpSlice(
+                (rank // (tp * cp), out[-1].sample), cp, cp_rank, keep))
     return out
 
 
@@ -354,7 +411,8 @@ def _renumber(samples: Iterable[Sample]) -> list[Sample]:
     return out
 
 
-def _read_sidecar(ev: Evidence, path: Path, samples: list[Sample]) -> None:
+def _read_sidecar(ev: Evidence, path: Path, samples: list[Sample],
+                  slices: list[_CpSlice | None]) -> None:
     loaded = _load_pt(path, ev.root, ev.problems)
     if loaded is None:
         return
@@ -363,8 +421,9 @@ def _read_sidecar(ev: Evidence, path: Path, samples: list[Sample]) -> None:
     info: dict[str, Any] = {"file": rel, "sha256": digest}
     m = _SIDECAR_NAME_RE.match(path.name)
     info["name_rank"] = int(m.group(1)) if m else None
+    found_slices: list[_CpSlice | None] = []
     try:
-        found = _samples_from_sidecar(data, path.name, ev.sample_problems, info)
+        found = _samples_from_sidecar(data, path.name, ev.sample_problems, info, found_slices)
     except (ValueError, TypeError, IndexError, RecursionError, OverflowError, MemoryError,
             RuntimeError) as exc:
         ev.problems.append(f"sidecar {rel}: malformed: {type(exc).__name__}: {str(exc)[:200]}")
@@ -378,6 +437,7 @@ def _read_sidecar(ev: Evidence, path: Path, samples: list[Sample]) -> None:
         ev.samples_per_rank[info["rank"]] = ev.samples_per_rank.get(info["rank"], 0) + int(
             info.get("samples", 0))
     samples.extend(found)
+    slices.extend(found_slices)
 
 
 def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
@@ -423,10 +483,18 @@ def _read_logprobs(ev: Evidence) -> None:
     for sub in SIDECAR_DIRS:
         files.extend(listing(ev.root / sub, "*.pt", ev.root, ev.problems))
     samples: list[Sample] = []
+    ranks: set[int] = set()
     if files:
         ev.logprob_source = "mismatch-sidecars"
+        slices: list[_CpSlice | None] = []
         for path in files:
-            _read_sidecar(ev, path, samples)
+            _read_sidecar(ev, path, samples, slices)
+        if any(sl is not None for sl in slices):
+            try:
+                samples = _merge_cp(samples, slices, ev.sample_problems)
+            except (ValueError, TypeError, IndexError) as exc:
+                ev.problems.append(f"CP slices: cannot merge: {type(exc).__name__}: "
+                                   f"{str(exc)[:200]}")
     else:
         dumps = listing(ev.root / "train-data", "*.pt", ev.root, ev.problems)
         if dumps:
@@ -438,6 +506,10 @@ def _read_logprobs(ev: Evidence) -> None:
             ev.metrics = compute(_renumber(samples))
         except (ValueError, TypeError, MemoryError) as exc:
             ev.problems.append(f"logprob metrics: {type(exc).__name__}: {str(exc)[:200]}")
+        if ev.metrics is not None:  # ranks whose sidecars were read (TP replicas included)
+            ranks = {int(f["rank"]) for f in ev.rank_files if isinstance(f.get("rank"), int)}
+            if ranks:
+                ev.metrics.rank_count = len(ranks)
 
 
 def _read_weight_audit(ev: Evidence) -> None:

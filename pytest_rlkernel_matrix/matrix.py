@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pytest_rlkernel_matrix.terms import CASES, MODULES
 
-Module = Literal["attention", "ffn", "logp"]
+Module = Literal["attention", "ffn", "logp", "comm"]
 Mode = Literal["strict", "audit", "auto", "off"]
 Layout = Literal["pairwise", "reduced", "module-factorial", "full"]
 Backend = Literal["cuda", "rocm", "cpu"]
@@ -275,6 +275,26 @@ class Topology(_Strict):
     pp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     placement: Literal["colocate", "disaggregated"] = "colocate"
+    gpus_per_cell: int | None = Field(
+        default=None, ge=1,
+        description="devices one cell needs (default tp*cp*pp); under xdist each worker owns "
+        "this many, disjoint from the other workers'")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    @property
+    def devices_per_cell(self) -> int:
+        return self.gpus_per_cell or self.world_size
+
+    @model_validator(mode="after")
+    def _enough(self) -> Topology:
+        if self.gpus_per_cell is not None and self.gpus_per_cell < self.world_size:
+            raise ValueError(
+                f"gpus_per_cell={self.gpus_per_cell} is fewer than the tp*cp*pp = "
+                f"{self.world_size} ranks of one cell (one device per rank)")
+        return self
 
 
 class ExpectedGap(_Strict):
@@ -336,6 +356,18 @@ class MatrixFile(_Strict):
     preflight: PreflightSection = Field(default_factory=PreflightSection)
     performance: PerformanceSection = Field(default_factory=PerformanceSection)
     hardware: dict[str, HardwareProfile]
+
+    @model_validator(mode="after")
+    def _comm_needs_tp(self) -> MatrixFile:
+        if "comm" in self.matrix.modules:
+            lacking = [n for n, p in self.hardware.items() if p.topology.tp < 2]
+            if lacking:
+                raise ValueError(
+                    "matrix.modules enables 'comm', which varies the tensor-parallel reduction: "
+                    "every profile needs topology.tp >= 2, but "
+                    + ", ".join(f"hardware.{n}.topology.tp = "
+                                f"{self.hardware[n].topology.tp}" for n in lacking))
+        return self
 
     @field_validator("hardware")
     @classmethod

@@ -135,7 +135,24 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
                 f"{detected or 'no profile of ' + str(path)} ({seen}); a cell can only run on "
                 "the hardware it names. Use --rlk-plan to print the commands for other hardware."
             )
+    if not plan:
+        _check_topology(path, matrix, names, data)
     return names, data
+
+
+def _check_topology(path: Path, matrix: Any, names: list[str], data: dict[str, Any]) -> None:
+    """A GPU profile's cell needs `gpus_per_cell` (default tp*cp*pp) visible devices."""
+    count = int((data.get("gpu") or {}).get("count") or 0)
+    for name in names:
+        profile = matrix.hardware[name]
+        need = profile.topology.devices_per_cell
+        if profile.backend != "cpu" and need > 1 and count < need:
+            raise pytest.UsageError(
+                f"{path}: hardware.{name}.topology asks for {need} GPU(s) per cell "
+                f"(tp={profile.topology.tp}, cp={profile.topology.cp}, pp={profile.topology.pp}"
+                f", gpus_per_cell={profile.topology.gpus_per_cell}), but preflight sees "
+                f"{count} on this machine"
+            )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -168,6 +185,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                 hardware=list(shared["hardware"]), mode=mode, layout=layout,
                                 token=shared["token"], created=shared["created"])
         session.fingerprints = dict(shared["fingerprints"])
+        session.devices = shared.get("devices")
+        session.worker = shared.get("worker")
         pre = session.root / PREFLIGHT_FILE
         session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
     else:
@@ -250,6 +269,14 @@ def progress_line(cell_id: str, elapsed: float, line: str, width: int) -> str:
     head = f"[rlk] {cell_id}: {elapsed:.0f} s, {source}"
     room = max(width - len(head), 20)
     return head + textwrap.shorten(tail, width=room, placeholder=" ...")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` on a GPU machine: floor(visible GPUs / gpus_per_cell) workers."""
+    from pytest_rlkernel_matrix.integrations.xdist import auto_num_workers
+
+    return auto_num_workers(config)
 
 
 def _progress_printer(config: pytest.Config) -> Any:

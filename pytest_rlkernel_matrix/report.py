@@ -23,7 +23,7 @@ from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.redact import Scrubber
 from pytest_rlkernel_matrix.runner import RunResult
 from pytest_rlkernel_matrix.stats import Policy as PerformancePolicy
-from pytest_rlkernel_matrix.terms import MODULES
+from pytest_rlkernel_matrix.terms import ALL_MODULES
 from pytest_rlkernel_matrix.verdict import Decision, Policy, contract_id, decide
 
 REPORT_SCHEMA = "rlk-matrix.report.v1"
@@ -104,7 +104,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def cell_from_dict(data: Mapping[str, Any]) -> Cell:
     cases = data["cases"]
     return Cell(str(data["hardware"]), str(data["module"]), str(data["case"]),
-                Cases(cases["attention"], cases["ffn"], cases["logp"]))
+                Cases(cases["attention"], cases["ffn"], cases["logp"], cases.get("comm", "")))
 
 
 def cell_to_dict(cell: Cell) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def cell_to_dict(cell: Cell) -> dict[str, Any]:
 
 def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     routes: dict[str, Any] = {}
-    for module in MODULES:
+    for module in cell.cases.modules:
         entry: dict[str, Any] = {"requested": cell.cases.of(module)}
         for side in SIDES:
             r = ev.routes[side].get(module)
@@ -126,7 +126,7 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
             }
         routes[module] = entry
     out: dict[str, Any] = {"routes": routes}
-    focus = [cell.module] if cell.module in MODULES else list(MODULES)
+    focus = [cell.module] if cell.module in ALL_MODULES else list(cell.cases.modules)
     for side in SIDES:
         impls, backends = [], []
         for module in focus:
@@ -282,7 +282,7 @@ def build_record(
         "hardware": cell.hardware,
         "module": cell.module,
         "case": cell.case,
-        "requested_case": cell.cases.of(cell.module) if cell.module in MODULES else cell.case,
+        "requested_case": cell.cases.of(cell.module) if cell.module in ALL_MODULES else cell.case,
         "cases": cell.cases.as_dict(),
         "baseline": cell.is_baseline,
         "run_key": cell.run_key,
@@ -311,6 +311,9 @@ def build_record(
         "timed_out": run.timed_out,
         "scheduler": meta.get("scheduler"),
         "process_wall_time": run.wall_time,
+        "devices": meta.get("devices"),
+        "worker": meta.get("worker"),
+        "window": meta.get("window"),
         **{k: metrics.get(k) for k in METRIC_FIELDS},
         **phases,
         "phase_spread": spread,
@@ -337,15 +340,15 @@ def build_record(
 def alias_record(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     """The same run reported under another (module, case) that names it."""
     out = dict(record)
-    out.update(module=cell.module, case=cell.case,
-               requested_case=cell.cases.of(cell.module) if cell.module in MODULES else cell.case)
+    requested = cell.cases.of(cell.module) if cell.module in ALL_MODULES else cell.case
+    out.update(module=cell.module, case=cell.case, requested_case=requested)
     out.update(_alias_routes(record, cell))
     return out
 
 
 def _alias_routes(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     routes = record.get("routes") or {}
-    if cell.module not in MODULES or cell.module not in routes:
+    if cell.module not in ALL_MODULES or cell.module not in routes:
         return {}
     out: dict[str, Any] = {}
     for side in SIDES:
@@ -358,7 +361,7 @@ def _alias_routes(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
 def not_run_record(cell: Cell, mode: str, reason: str, verdict: str) -> dict[str, Any]:
     return {
         "hardware": cell.hardware, "module": cell.module, "case": cell.case,
-        "requested_case": cell.cases.of(cell.module) if cell.module in MODULES else cell.case,
+        "requested_case": cell.cases.of(cell.module) if cell.module in ALL_MODULES else cell.case,
         "cases": cell.cases.as_dict(), "baseline": cell.is_baseline, "run_key": cell.run_key,
         "mode": mode, "verdict": verdict, "reasons": [reason], "failed": False,
         "artifact_dir": None, "run_id": None,
@@ -399,7 +402,7 @@ def build_report(
 
 def cell_order(record: Mapping[str, Any]) -> tuple[int, str, int]:
     """Sort key within one hardware: modules in matrix order, then R/R, P/R, R/P, P/P."""
-    module_rank = MODULES.index(record["module"]) if record["module"] in MODULES else 9
+    module_rank = ALL_MODULES.index(record["module"]) if record["module"] in ALL_MODULES else 9
     case_rank = ("R/R", "P/R", "R/P", "P/P").index(record["case"]) if record["case"] in (
         "R/R", "P/R", "R/P", "P/P") else 9
     return (module_rank, str(record["case"]) if case_rank == 9 else "", case_rank)

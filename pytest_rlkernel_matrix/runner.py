@@ -61,6 +61,8 @@ class RunResult:
     pid: int | None = None
     killed_pids: list[int] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
+    started_epoch: float | None = None  # time.time() bounds: overlap checks between cells
+    finished_epoch: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -68,9 +70,10 @@ class RunResult:
 
 def contract_env(
     cell: Cell, *, mode: str, aligned: bool, run_id: str, artifact_dir: Path,
-    repeats: int = 1, warmup: int = 0,
+    repeats: int = 1, warmup: int = 0, topology: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
-    """The request's env contract for one cell."""
+    """The request's env contract for one cell (plus the profile's parallel sizes, which the
+    reference workload reads; other commands may ignore them)."""
     env = {
         "RL_KERNEL_MODE": mode,
         "RL_KERNEL_ALIGNED": "1" if aligned else "0",
@@ -84,6 +87,8 @@ def contract_env(
     }
     for var, sub in ARTIFACT_SUBDIRS.items():
         env[var] = str(artifact_dir / sub)
+    for axis, size in (topology or {}).items():
+        env[f"RL_KERNEL_MATRIX_{axis.upper()}"] = str(size)
     return env
 
 
@@ -185,7 +190,7 @@ def run_cell_command(
     """
     argv: list[str] = ["bash", "-c", command] if isinstance(command, str) else list(command)
     log_path = artifact_dir / "run.log"
-    started, t0 = _utc(), time.monotonic()
+    started, t0, epoch0 = _utc(), time.monotonic(), time.time()
     timed_out = interrupted = False
     exit_code: int | None = None
     launch_error: str | None = None
@@ -267,6 +272,8 @@ def run_cell_command(
         pid=pid,
         killed_pids=killed,
         leftover_pids=leftover,
+        started_epoch=round(epoch0, 3),
+        finished_epoch=round(time.time(), 3),
     )
     (artifact_dir / "exit-code").write_text(f"{'' if exit_code is None else exit_code}\n")
     if interrupted and raise_on_interrupt:

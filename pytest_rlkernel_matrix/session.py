@@ -103,6 +103,8 @@ class MatrixSession:
     interrupted: bool = False
     progress: Callable[[Cell, float, str], None] | None = None
     progress_every: float = 30.0
+    devices: list[str] | None = None  # this xdist worker's device set (None: not pinned)
+    worker: str | None = None
     pending: dict[str, CellJob] = field(default_factory=dict)
     scrubber: Scrubber = field(default_factory=Scrubber)
 
@@ -159,12 +161,23 @@ class MatrixSession:
     def environment(self, cell: Cell, mode: str, run_dir: Path,
                     base: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
         runner = self.matrix.runner
+        profile = self.matrix.hardware[cell.hardware]
+        topo = profile.topology
         contract = contract_env(cell, mode=mode, aligned=self.matrix.matrix.aligned,
                                 run_id=self.run_id(cell), artifact_dir=run_dir,
-                                repeats=runner.repeats, warmup=runner.warmup)
-        profile = self.matrix.hardware[cell.hardware]
-        return cell_env(contract, profile_env=profile.env, runner_env=self.matrix.runner.env,
-                        python=sys.executable, base=base)
+                                repeats=runner.repeats, warmup=runner.warmup,
+                                topology={"tp": topo.tp, "cp": topo.cp, "pp": topo.pp,
+                                          "gpus_per_cell": topo.devices_per_cell})
+        full, recorded = cell_env(contract, profile_env=profile.env,
+                                  runner_env=self.matrix.runner.env, python=sys.executable,
+                                  base=base)
+        if self.devices is not None and profile.backend != "cpu":
+            from pytest_rlkernel_matrix.integrations.xdist import device_env
+
+            pinned = device_env(profile.backend, self.devices)
+            full.update(pinned)
+            recorded.update(pinned)
+        return full, recorded
 
     def plan_text(self, cells: Sequence[Cell], mode: str) -> str:
         """Per run: what the launcher would run (env contract + command, or the batch script)."""
@@ -234,14 +247,36 @@ class MatrixSession:
     def blockers(self, cell: Cell, mode: str) -> list[list[str]]:
         """(class, reason) for each module whose requested R backend preflight found unavailable."""
         caps = self.preflight.get("capabilities")
-        # Under Slurm the login node's capabilities say nothing about the compute nodes: the
-        # node's own evidence (routes, fallbacks) decides there.
-        if mode == "off" or not caps or self.matrix.runner.launcher != "local":
+        # Under Slurm the login node's capabilities and collectives say nothing about the compute
+        # nodes: the node's own evidence (routes, fallbacks) decides there.
+        if self.matrix.runner.launcher != "local":
             return []
+        collective = [list(b) for b in self.collective_blockers(cell)]
+        if mode == "off" or not caps:
+            return collective
         from pytest_rlkernel_matrix.capability import requested_r_blockers
 
         wanted = [m for m in cell.cases.as_dict() if "R" in cell.cases.of(m)]
-        return [list(b) for b in requested_r_blockers(caps, wanted)]
+        return [list(b) for b in requested_r_blockers(caps, wanted)] + collective
+
+    def collective_blockers(self, cell: Cell) -> list[tuple[str, str]]:
+        """A multi-rank cell needs its collective backend: NCCL/RCCL on GPUs, gloo on CPU."""
+        profile = self.matrix.hardware[cell.hardware]
+        if profile.topology.world_size <= 1:
+            return []
+        cls = "communication_path_unsupported"
+        if profile.backend == "cpu":
+            raw = ((self.preflight.get("probe") or {}).get("capabilities_raw") or {})
+            if (raw.get("nccl") or {}).get("gloo_available") is False:
+                return [(cls, f"tp*cp*pp = {profile.topology.world_size} ranks need the gloo "
+                              "backend of torch.distributed, which this torch lacks")]
+            return []
+        entry = ((self.preflight.get("capabilities") or {}).get("capabilities") or {}).get(
+            "collectives") or {}
+        if entry.get("status") == "unavailable":
+            return [(cls, f"tp*cp*pp = {profile.topology.world_size} ranks need "
+                          f"{entry.get('name', 'the collective backend')}: {entry.get('reason')}")]
+        return []
 
     def _prepare(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
                  attempt: int = 1) -> CellJob:
@@ -374,6 +409,8 @@ class MatrixSession:
             "fingerprints": fingerprints,
             "preflight_blockers": blockers,
             "policy": self.policy(cell),
+            "devices": self.devices, "worker": self.worker,
+            "window": [result.started_epoch, result.finished_epoch],
         }
         if scheduler is not None:
             meta["scheduler"] = scheduler
@@ -484,6 +521,10 @@ class MatrixSession:
             "modules": list(self.matrix.matrix.modules), "cases": list(self.matrix.matrix.cases),
             "fixed_case": self.matrix.matrix.fixed_case,
         }
+        if any(r.get("devices") for r in self.records.values()):
+            from pytest_rlkernel_matrix.integrations.xdist import mark_overlaps
+
+            mark_overlaps(self.records)
         pre: dict[str, Any] = {"file": PREFLIGHT_FILE, **self.fingerprints}
         if self.preflight.get("capabilities"):
             pre["capabilities"] = self.preflight["capabilities"]

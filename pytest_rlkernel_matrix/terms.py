@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-MODULES: tuple[str, ...] = ("attention", "ffn", "logp")
+MODULES: tuple[str, ...] = ("attention", "ffn", "logp")  # the seed's matrix
+# Optional modules, enabled in `[matrix] modules`: `comm` (the TP activation reduction) is this
+# project's extension of the seed's three-module matrix and needs tensor parallelism.
+OPTIONAL_MODULES: tuple[str, ...] = ("comm",)
+ALL_MODULES: tuple[str, ...] = (*MODULES, *OPTIONAL_MODULES)
 CASES: tuple[str, ...] = ("R/R", "P/R", "R/P", "P/P")
 MODES: tuple[str, ...] = ("strict", "audit", "auto", "off")
 LAYOUTS: tuple[str, ...] = ("pairwise", "reduced", "module-factorial", "full")

@@ -29,7 +29,6 @@ from pytest_rlkernel_matrix.evidence import SIDES, Evidence, Route, side_of
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
 from pytest_rlkernel_matrix.stats import Policy as PerformancePolicy
-from pytest_rlkernel_matrix.terms import MODULES
 
 IMPLEMENTATION = {"P": "production", "R": "rl_kernel"}
 UNSUPPORTED_CLASSES = (
@@ -152,7 +151,7 @@ def _unsupported(cell: Cell, ev: Evidence) -> list[tuple[str, str]]:
             cls = "platform_unsupported"
         where = f"{line.get('module', '')} {line.get('side', '')}".strip()
         found.append((cls, f"{where}: {line.get('reason', '')}".strip(": ")))
-    wants_r = any("R" in cell.cases.of(m) for m in MODULES)
+    wants_r = any("R" in cell.cases.of(m) for m in cell.cases.modules)
     if wants_r and "build_failure" in ev.log.errors:
         found.append(("build_failure", ev.log.errors["build_failure"]))
     return found
@@ -183,7 +182,7 @@ def _log_route_fallbacks(cell: Cell, mode: str, ev: Evidence, have: list[str]) -
     for route in ev.log.routes:
         module, impl = route.get("module"), route.get("implementation")
         side = side_of(route.get("framework"), route.get("target"))
-        if module not in MODULES or side is None or impl is None:
+        if module not in cell.cases.modules or side is None or impl is None:
             continue
         if cell.cases.side(module, side) == "R" and impl != "rl_kernel":
             where = f"{module} {side}"
@@ -200,7 +199,7 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
     fallbacks: list[str] = []
     for fb in ev.fallbacks:
         fallbacks.append(f"{fb['module']} {fb['side']}: fallback recorded: {fb['reason']}")
-    for module in MODULES:
+    for module in cell.cases.modules:
         for side in SIDES:
             letter = "P" if mode == "off" else cell.cases.side(module, side)
             want = IMPLEMENTATION[letter]
@@ -364,7 +363,7 @@ def _fmt_contract(c: Mapping[str, Any]) -> str:
 
 
 def is_all_r(cell: Cell) -> bool:
-    return all(cell.cases.of(m) == "R/R" for m in MODULES)
+    return all(cell.cases.of(m) == "R/R" for m in cell.cases.modules)
 
 
 def resolve_contract(cell: Cell, ev: Evidence, mode: str,
@@ -381,13 +380,14 @@ def resolve_contract(cell: Cell, ev: Evidence, mode: str,
         return {"kind": "none", "why": "mode off: native route, no RL-Kernel contract",
                 "sources": {}, "problems": []}
     if not is_all_r(cell):
-        side_p = next(f"{m} {s}" for m in MODULES for s in SIDES if cell.cases.side(m, s) == "P")
+        side_p = next(f"{m} {s}" for m in cell.cases.modules for s in SIDES
+                      if cell.cases.side(m, s) == "P")
         return {"kind": "none", "why": f"{side_p} is production: drift is reported, not judged",
                 "sources": {}, "problems": []}
     parsed: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     declared_by: dict[str, bool] = {}
-    for module in ("logp", *[m for m in MODULES if m != "logp"]):
+    for module in ("logp", *[m for m in cell.cases.modules if m != "logp"]):
         for side in SIDES:
             r = ev.routes[side].get(module)
             where = f"{module} {side}"

@@ -36,6 +36,20 @@ from pytest_rlkernel_matrix.preflight import REUSE_PROBE_ENV, save_probe
 pytest_plugins = ["pytester"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (long multi-rank matrices)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --run-slow to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_probe: run the real preflight probe (make_matrix shares none)")

@@ -21,7 +21,7 @@ from pytest_rlkernel_matrix.contamination import (
     parse_rocm_pids,
     read_proc_stat,
 )
-from pytest_rlkernel_matrix.html import phases_svg
+from pytest_rlkernel_matrix.html import render_html
 from pytest_rlkernel_matrix.stats import NOISE, Policy, bootstrap_ratio, compare, summary
 
 # -- statistics: known samples -> known interval and decision ----------------------------------
@@ -108,7 +108,9 @@ def test_table_names_the_ratio_and_shows_the_interval() -> None:
 
 
 def test_phase_bars_have_whiskers_and_step_counts() -> None:
-    svg = phases_svg(_record("R/R", [2.0, 2.5, 1.5, 2.2, 1.9]))
+    page = render_html({"cells": [_record("R/R", [2.0, 2.5, 1.5, 2.2, 1.9])]})
+    svg = page[page.index('<svg class="phases"'):]
+    svg = svg[:svg.index("</svg>")]
     assert svg.count('class="whisker"') == 3  # rollout, training, step (no weight sync)
     assert "n=5" in svg and "min 1.50s, max 2.50s, n=5 steps" in svg
 

@@ -5,12 +5,21 @@ One process = one matrix cell, configured by the RL-Kernel environment contract 
 decode against a KV cache with a shrinking batch, seeded temperature/top-p sampling, reporting
 the sampled tokens' logprobs); training behaves like Megatron (full-sequence forwards over
 differently packed, padded micro-batches, loss mask on response tokens).
+
+Multi-rank (``--tp``/``--cp``, or ``RL_KERNEL_MATRIX_TP``/``RL_KERNEL_MATRIX_CP`` from the
+plugin): one command starts ``tp * cp`` rank processes (see ``parallel.py``). Training is a
+TP x CP grid (Megatron: column/row-parallel projections, zigzag context parallelism with the
+keys/values all-gathered for attention, vocab-parallel logp); rollout is vLLM-style TP over the
+same TP group and is replicated across CP ranks (rollout engines have no CP). Every rank writes
+its own readbacks and ``mismatch-sidecars/rank{rank:05d}.call00000000.pt``: TP replicas hold the
+same samples, CP ranks hold zigzag slices of each response (RL-Kernel's layout).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import sys
@@ -24,6 +33,7 @@ from torch.profiler import record_function
 
 from .graphs import DecodeRunner
 from .kernels import (
+    ALL_MODULES,
     MODULES,
     R_BACKEND_IDS,
     R_CONTRACT_VERSION,
@@ -38,7 +48,18 @@ from .model import (
     checkpoint_fingerprint,
     init_weights,
     load_checkpoint,
+    shard_weights,
     weights_sha256,
+)
+from .parallel import (
+    Grid,
+    LaunchError,
+    init_grid,
+    is_rank_process,
+    launch,
+    shutdown,
+    zigzag_index,
+    zigzag_response_keep,
 )
 
 SIDES = ("training", "rollout")
@@ -69,9 +90,10 @@ class FaultDrill:
             return None
         parts = raw.split(":")
         drill = cls(*parts[:3])
-        if drill.kind not in FAULT_KINDS or drill.module not in MODULES or drill.side not in SIDES:
+        if (drill.kind not in FAULT_KINDS or drill.module not in ALL_MODULES
+                or drill.side not in SIDES):
             raise UsageError(f"RLK_REF_FAULT={raw!r}: expected <kind>[:<module>[:<side>]] with "
-                             f"kind in {FAULT_KINDS}, module in {MODULES}, side in {SIDES}")
+                             f"kind in {FAULT_KINDS}, module in {ALL_MODULES}, side in {SIDES}")
         return drill
 
 
@@ -87,6 +109,8 @@ class Env:
     sidecar_dir: Path
     weight_audit_dir: Path
     route_report: bool
+    aligned: bool = True
+    modules: tuple[str, ...] = MODULES  # + "comm" when RL_KERNEL_COMM_CASE is set
 
     @classmethod
     def from_environ(cls) -> Env:
@@ -104,12 +128,20 @@ class Env:
             if case not in CASES:
                 raise UsageError(f"RL_KERNEL_{m.upper()}_CASE={case!r}: expected one of {CASES}")
             cases[m] = case
+        modules = MODULES
+        comm = e.get("RL_KERNEL_COMM_CASE", "").strip().upper()
+        if comm:  # the optional fourth module: in play only when the matrix asks for it
+            if comm not in CASES:
+                raise UsageError(f"RL_KERNEL_COMM_CASE={comm!r}: expected one of {CASES}")
+            cases["comm"] = comm
+            modules = ALL_MODULES
         root = Path(art)
         return cls(mode, cases, e.get("RL_KERNEL_RUN_ID", root.name), root,
                    Path(e.get("RL_KERNEL_READBACK_DIR") or root / "readbacks"),
                    Path(e.get("RL_KERNEL_MISMATCH_SIDECAR_DIR") or root / "mismatch-sidecars"),
                    Path(e.get("RL_KERNEL_WEIGHT_AUDIT_DIR") or root / "weight-audit"),
-                   e.get("RL_KERNEL_ROUTE_REPORT", "1").strip() != "0")
+                   e.get("RL_KERNEL_ROUTE_REPORT", "1").strip() != "0",
+                   e.get("RL_KERNEL_ALIGNED", "1").strip() != "0", modules)
 
     def requested(self, module: str, side: str) -> str:
         """``rl_kernel`` or ``production`` as requested by the case (off: always production)."""
@@ -150,11 +182,11 @@ class Route:
 
 def resolve_route(env: Env, side: str, drill: FaultDrill | None, platform: str) -> Route:
     """Apply the case, the mode and any fault drill to one side's module implementations."""
-    req = {m: env.requested(m, side) for m in MODULES}
+    req = {m: env.requested(m, side) for m in env.modules}
     actual, claimed = dict(req), dict(req)
     fallbacks: list[dict[str, str]] = []
     unsupported: dict[str, str] = {}
-    if drill and drill.side == side and req[drill.module] == "rl_kernel":
+    if drill and drill.side == side and req.get(drill.module) == "rl_kernel":
         m = drill.module
         if drill.kind == "recorded_fallback":
             actual[m] = claimed[m] = "production"
@@ -171,21 +203,25 @@ def resolve_route(env: Env, side: str, drill: FaultDrill | None, platform: str) 
 
 
 def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
-             execution_mode: str = "eager") -> dict:
+             execution_mode: str = "eager", grid: Grid | None = None) -> dict:
     """The RL-Kernel readback dict for one side (``rlkernel.debug_matrix.v1`` plan)."""
     fw = kernels.framework
+    grid = grid or Grid()
     plan = {m: {"module": m, "case_id": env.cases[m],
                 "training_implementation": env.requested(m, "training"),
-                "rollout_implementation": env.requested(m, "rollout")} for m in MODULES}
+                "rollout_implementation": env.requested(m, "rollout")} for m in env.modules}
     operators = {}
-    for m in MODULES:
+    for m in env.modules:
         impl = route.claimed[m]
         prov: dict[str, object] = {
             "interface": f"pytest_rlkernel_matrix.workload.kernels.{m}",
             "operator": f"qwen3.{m}", "fallback": any(f["module"] == m for f in route.fallbacks),
             "execution": {"runtime_platform": platform,
                           "triton_used": kernels.module(m).uses_triton,
-                          "tp_world_size": 1, "cp_world_size": 1}}
+                          "tp_world_size": grid.tp,
+                          "cp_world_size": grid.cp if route.side == "training" else 1,
+                          "rank": grid.rank,
+                          "collective_backend": grid.backend}}
         if impl == "rl_kernel":
             prov.update(contract_version=R_CONTRACT_VERSION, arithmetic_contract="bitwise",
                         actual_backend=R_BACKEND_IDS[m])
@@ -202,9 +238,9 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
         "mode": env.mode,
         "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": plan},
         "installed_hooks": {m: f"pytest_rlkernel_matrix.workload.kernels.{m}"
-                            for m in MODULES if route.requested[m] == "rl_kernel"},
+                            for m in env.modules if route.requested[m] == "rl_kernel"},
         "fallbacks": route.fallbacks,
-        "profile_calls": {m: kernels.module(m).call_count for m in MODULES},
+        "profile_calls": {m: kernels.module(m).call_count for m in env.modules},
         "operators": operators,
         "capability": {"status": "unsupported" if decisions else "resolved",
                        "capability_decisions": decisions},
@@ -212,13 +248,16 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
 
 
 def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideKernels],
-                    platform: str, modes: dict[str, str] | None = None) -> None:
+                    platform: str, modes: dict[str, str] | None = None,
+                    grid: Grid | None = None) -> None:
+    """One file per process and side, as RL-Kernel writes them (every rank its own)."""
     if env.mode == "off":
         return
     for side in SIDES:
         k = kernels[side]
         write_json(env.readback_dir / f"{k.framework}-{side}-{os.getpid()}.json",
-                   readback(env, routes[side], k, platform, (modes or {}).get(side, "eager")))
+                   readback(env, routes[side], k, platform, (modes or {}).get(side, "eager"),
+                            grid))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,13 +287,14 @@ def sample_top_p(logprobs: Tensor, top_p: float, gen: torch.Generator) -> Tensor
 
 def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: list[int],
                 temperature: float, top_p: float, gen: torch.Generator,
-                graphs: bool = False) -> Rollout:
+                graphs: bool = False, ignore_eos: bool = False) -> Rollout:
     """vLLM-style generation: per-prompt prefill, then batched decode that shrinks.
 
     ``graphs``: decode steps replay CUDA/HIP graphs at fixed batch buckets (``graphs.py``).
-    """
+    Under TP every rank samples from the same gathered logprobs with the same seed, so every
+    rank holds the same tokens (vLLM samples once and broadcasts; the result is the same)."""
     dev = prompts[0].device
-    eos = model.cfg.eos_token_id
+    eos = -1 if ignore_eos else model.cfg.eos_token_id
     lengths = torch.tensor([p.numel() for p in prompts], device=dev)
     width = int(lengths.max())
     batch = torch.zeros(len(prompts), width, dtype=torch.long, device=dev)
@@ -304,25 +344,59 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
 
 
 def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, temperature: float,
-                 order: list[int]) -> list[Tensor]:
-    """Megatron-style recompute: padded micro-batches in ``order``, full-sequence forwards."""
+                 order: list[int], grid: Grid | None = None) -> list[Tensor]:
+    """Megatron-style recompute: padded micro-batches in ``order``, full-sequence forwards.
+
+    Context parallel: each micro-batch is padded to a multiple of ``2*cp`` and split zigzag;
+    attention all-gathers keys/values across the CP group, and the per-position logprobs are
+    all-gathered back (copies) so every rank can cut its RL-Kernel sidecar slice."""
     dev = ro.tokens[0].device
+    grid = grid or Grid()
+    cp = grid.cp
     result: list[Tensor] = [torch.empty(0)] * len(ro.tokens)
     for s in range(0, len(order), micro_batch):
         mb = order[s:s + micro_batch]
         t = max(ro.tokens[i].numel() for i in mb)
+        t = -(-t // (2 * cp)) * (2 * cp) if cp > 1 else t
         toks = torch.zeros(len(mb), t, dtype=torch.long, device=dev)
         for r, i in enumerate(mb):
             toks[r, :ro.tokens[i].numel()] = ro.tokens[i]
-        pos = torch.arange(t, device=dev)[None].expand(len(mb), t)
-        h = model.hidden(k, toks, pos, None)
         targets = torch.cat([toks[:, 1:], toks[:, :1] * 0], dim=1)
-        lp = model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets.reshape(-1),
-                                     temperature).reshape(len(mb), t)
+        if cp > 1:
+            lp = _cp_selected_logprobs(model, k, toks, targets, temperature, grid)
+        else:
+            pos = torch.arange(t, device=dev)[None].expand(len(mb), t)
+            h = model.hidden(k, toks, pos, None)
+            lp = model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets.reshape(-1),
+                                         temperature).reshape(len(mb), t)
         for r, i in enumerate(mb):
             p, n = ro.prompt_lengths[i], ro.tokens[i].numel()
             result[i] = lp[r, p - 1:n - 1].float().cpu()
     return result
+
+
+def _cp_selected_logprobs(model: Qwen3, k: SideKernels, toks: Tensor, targets: Tensor,
+                          temperature: float, grid: Grid) -> Tensor:
+    """This CP rank's zigzag positions forward, logprobs of every position gathered back."""
+    b, t = toks.shape
+    dev = toks.device
+    where = [zigzag_index(t, grid.cp, r, dev) for r in range(grid.cp)]
+    mine = where[grid.cp_rank]
+
+    def place(local: Tensor) -> Tensor:
+        full = local.new_empty(b, t, *local.shape[2:])
+        for r, part in enumerate(grid.cp_group.gather(local)):
+            full[:, where[r]] = part
+        return full
+
+    def kv_gather(kl: Tensor, vl: Tensor) -> tuple[Tensor, Tensor]:
+        return place(kl), place(vl)
+
+    h = model.hidden(k, toks[:, mine], mine[None].expand(b, -1), None,
+                     kv_gather=kv_gather)
+    lp = model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets[:, mine].reshape(-1),
+                                 temperature).reshape(b, -1)
+    return place(lp)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -340,10 +414,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--micro-batch-size", type=int, default=None)
+    ap.add_argument("--tp", type=int, default=None,
+                    help="tensor-parallel size (default: RL_KERNEL_MATRIX_TP from the plugin, "
+                    "else 1)")
+    ap.add_argument("--cp", type=int, default=None,
+                    help="context-parallel size of the training side (default: "
+                    "RL_KERNEL_MATRIX_CP from the plugin, else 1)")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="generate exactly the drawn number of tokens (vLLM's ignore_eos)")
     ap.add_argument("--steps", type=int, default=None,
                     help="steps to run (default: RL_KERNEL_MATRIX_WARMUP + "
                     "RL_KERNEL_MATRIX_REPEATS from the plugin, else 1)")
     args = ap.parse_args(argv)
+    for axis in ("tp", "cp"):
+        if getattr(args, axis) is None:
+            raw = os.environ.get(f"RL_KERNEL_MATRIX_{axis.upper()}", "").strip() or "1"
+            if not raw.isdigit() or int(raw) < 1:
+                raise UsageError(f"RL_KERNEL_MATRIX_{axis.upper()}={raw!r}: expected an int >= 1")
+            setattr(args, axis, int(raw))
+        elif getattr(args, axis) < 1:
+            raise UsageError(f"--{axis} must be >= 1")
     if args.steps is None:
         e = os.environ
         args.steps = int(e.get("RL_KERNEL_MATRIX_WARMUP", "0") or 0) + int(
@@ -358,25 +448,59 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         env = Env.from_environ()
         drill = FaultDrill.from_env()
+        if "comm" in env.modules and args.tp < 2:
+            raise UsageError(f"RL_KERNEL_COMM_CASE={env.cases['comm']} needs tensor parallelism "
+                             f"(tp >= 2; got tp={args.tp}): with one TP rank there is no "
+                             "reduction for the comm module to vary")
     except UsageError as exc:
         print(f"[rlk-reference] error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    world = args.tp * args.cp
+    if world > 1 and not is_rank_process():
+        return launch(sys.argv[1:] if argv is None else argv, world)
     return run_cell(args, env, drill, t_start)
 
 
 def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: float) -> int:
-    """Everything after argument/env parsing."""
+    """Everything after argument/env parsing, in this rank's process group."""
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
+    world = args.tp * args.cp
+    if device.type == "cuda" and world > 1:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.device_count() <= local:
+            print(f"[RL-Kernel][unsupported] module=comm side=training "
+                  f"class=communication_path_unsupported reason=tp*cp={world} ranks need one "
+                  f"GPU each; this process sees {torch.cuda.device_count()}", flush=True)
+            return EXIT_UNSUPPORTED
+        device = torch.device("cuda", local)
+    if device.type == "cpu" and world > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        grid = init_grid(args.tp, args.cp, device)
+    except LaunchError as exc:
+        print(f"[RL-Kernel][unsupported] module=comm side=training "
+              f"class=communication_path_unsupported reason={exc}", flush=True)
+        return EXIT_UNSUPPORTED
+    try:
+        return _run(args, env, drill, t_start, device, grid)
+    finally:
+        shutdown(grid)
+
+
+def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: float,
+         device: torch.device, grid: Grid) -> int:
+    lead = grid.rank == 0  # prints the metrics lines, writes the manifest and the weight audit
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     platform = runtime_platform(device)
     defaults = RUN_DEFAULTS.get(args.preset, RUN_DEFAULTS["tiny"])
     n_prompts = args.num_prompts or defaults[0]
     max_new_tokens = args.max_new_tokens or defaults[1]
     micro_batch = args.micro_batch_size or defaults[2]
-    max_seq = -(-(args.max_prompt_len + max_new_tokens) // 16) * 16
+    unit = math.lcm(16, 2 * grid.cp)  # key span: also a whole number of zigzag chunk pairs
+    max_seq = -(-(args.max_prompt_len + max_new_tokens) // unit) * unit
     for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):
         d.mkdir(parents=True, exist_ok=True)
 
@@ -393,10 +517,19 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
 
     routes = {s: resolve_route(env, s, drill, platform) for s in SIDES}
     tiling = Tiling.for_device(device, max_seq)
-    backend = r_backend(device)
-    graphs = device.type == "cuda" and os.environ.get("RLK_REF_DECODE_GRAPHS", "1") != "0"
-    kernels = {s: SideKernels.build(s, routes[s].actual, dtype, tiling, cfg.rms_norm_eps,
-                                    backend) for s in SIDES}
+    # One rank: the batch-invariant Triton kernels and decode graphs on a GPU. Several ranks: the
+    # torch R path (Triton kernels compute unsharded outputs) and eager decode (no collectives
+    # inside captured graphs); both recorded in the manifest and readbacks.
+    backend = r_backend(device) if grid.world == 1 else "torch"
+    graphs = (device.type == "cuda" and grid.world == 1
+              and os.environ.get("RLK_REF_DECODE_GRAPHS", "1") != "0")
+    # Without `comm` in the matrix the TP reduction follows RL_KERNEL_ALIGNED: the launcher's
+    # aligned framework settings use the deterministic fixed-order reduction, unaligned ones the
+    # native all-reduce. It is then not a module of the matrix and writes no operator readback.
+    comm_default = "rl_kernel" if env.aligned and env.mode != "off" else "production"
+    impls = {s: {"comm": comm_default, **routes[s].actual} for s in SIDES}
+    kernels = {s: SideKernels.build(s, impls[s], dtype, tiling, cfg.rms_norm_eps,
+                                    backend, tp=grid.tp_group) for s in SIDES}
     modes = {s: "eager" for s in SIDES}
     manifest = {
         "schema_version": "rlk-reference.manifest.v1", "run_id": env.run_id, "mode": env.mode,
@@ -413,11 +546,21 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
         "fault_drill": None if drill is None else {
             **asdict(drill),
             "applied": drill.kind == "corrupt_weight" or (
-                env.mode != "off" and env.requested(drill.module, drill.side) == "rl_kernel")},
+                env.mode != "off" and drill.module in env.modules
+                and env.requested(drill.module, drill.side) == "rl_kernel")},
         "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
                        "claimed": routes[s].claimed} for s in SIDES},
+        "topology": {"tp": grid.tp, "cp": grid.cp, "world_size": grid.world,
+                     "collective_backend": grid.backend, "rank_layout": "tp + tp * cp_rank",
+                     "rollout": {"tp": grid.tp, "cp": 1, "replicas": grid.cp},
+                     "tp_reduction": {s: impls[s]["comm"] if grid.tp > 1 else None
+                                      for s in SIDES},
+                     "ignore_eos": args.ignore_eos},
     }
-    write_json(env.artifact_dir / "manifest.json", manifest)
+    if lead:
+        write_json(env.artifact_dir / "manifest.json", manifest)
+    if not lead:  # the other ranks stay quiet on the shared log (errors still go to stderr)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     if drill:
         print(f"[rlk-reference][fault-drill] kind={drill.kind} module={drill.module} "
               f"side={drill.side} applied={str(manifest['fault_drill']['applied']).lower()}")
@@ -426,7 +569,7 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
     elif env.route_report:
         for s in SIDES:
             r, fw = routes[s], kernels[s].framework
-            for m in MODULES:
+            for m in env.modules:
                 impl = r.claimed[m]
                 bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
                 fb = any(f["module"] == m for f in r.fallbacks)
@@ -438,13 +581,13 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
             print(f"[RL-Kernel][unsupported] module={m} side={s} class=platform_unsupported "
                   f"reason={why}")
     if env.mode == "strict" and any(routes[s].unsupported for s in SIDES):
-        write_readbacks(env, routes, kernels, platform)
+        write_readbacks(env, routes, kernels, platform, grid=grid)
         print("[RL-Kernel] error: strict mode: requested rl_kernel backend unsupported on this "
               "platform; failing closed before the step", file=sys.stderr)
         return EXIT_UNSUPPORTED
     train_lp_uses_r = routes["training"].actual["logp"] == "rl_kernel"
     vocab_pad = -(-cfg.vocab_size // 128) * 128
-    contract = (f"linear_logp:tp=1:cp=1:vocab={vocab_pad}" if train_lp_uses_r
+    contract = (f"linear_logp:tp={grid.tp}:cp={grid.cp}:vocab={vocab_pad}" if train_lp_uses_r
                 else "vime.native.linear_logp.v1")
     print(f"[rlk-reference] selected-logprob contract_id={contract}")
 
@@ -455,7 +598,7 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
     max_new = torch.randint(max(1, max_new_tokens * 2 // 3), max_new_tokens + 1, (n_prompts,),
                             generator=gen).tolist()
     order = torch.randperm(n_prompts, generator=gen).tolist()
-    train_model = Qwen3(cfg, train_w, max_seq)
+    train_model = Qwen3(cfg, shard_weights(cfg, train_w, grid.tp, grid.tp_rank), max_seq)
 
     for step in range(args.steps):
         sync(device)
@@ -466,21 +609,22 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
         sync(device)
         t_sync = time.perf_counter() - t0
-        if step == 0:
+        if step == 0 and lead:
             for side, w in (("training", train_w), ("rollout", rollout_w)):
                 fw = kernels[side].framework
                 write_json(env.weight_audit_dir / f"v0.{fw}-{side}.json",
                            {"weight_version": "v0", "framework": fw, "target": side,
                             "sha256": weights_sha256(w)})
-        rollout_model = Qwen3(cfg, rollout_w, max_seq)
+        rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
+                              max_seq)
         samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2)
         t1 = time.perf_counter()
         with torch.inference_mode():
             ro = run_rollout(rollout_model, kernels["rollout"], prompts, max_new,
-                             args.temperature, args.top_p, samp_gen, graphs)
+                             args.temperature, args.top_p, samp_gen, graphs, args.ignore_eos)
         if step == 0 or ro.execution_mode == "eager":  # graphs only if every step had them
             modes["rollout"] = ro.execution_mode
-        if step == 0:
+        if step == 0 and grid.rank == 0:
             print(f"[rlk-reference] rollout decode execution_mode={ro.execution_mode} "
                   f"r_backend={backend}" + (f" reason={ro.fallback_reason}"
                                             if ro.fallback_reason else ""))
@@ -489,14 +633,14 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
         t2 = time.perf_counter()
         with torch.inference_mode():
             train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
-                                    args.temperature, order)
+                                    args.temperature, order, grid)
         sync(device)
         t_train = time.perf_counter() - t2
         t_step = time.perf_counter() - t0
         resp = [x.numel() for x in ro.logprobs]
         active = sum(resp)
         if step == 0:
-            write_sidecar(env, ro, train_lp)
+            write_sidecar(env, ro, train_lp, grid)
             diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
             n_mis = int(sum(int(torch.ne(a, b).sum())
                             for a, b in zip(train_lp, ro.logprobs, strict=True)))
@@ -512,17 +656,19 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
             peak = int(torch.cuda.max_memory_allocated(device))
         else:
             peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        per_gpu = active / t_roll / grid.world
         print(f"perf {step}: " + repr({"perf/rollout_time": round(t_roll, 6),
-                                       "perf/tokens_per_gpu_per_sec": round(active / t_roll, 3)}))
+                                       "perf/tokens_per_gpu_per_sec": round(per_gpu, 3)}))
         print(f"perf {step}: " + repr({
             "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
             "perf/update_weights_time": round(t_sync, 6),
             "perf/tokens_per_sec": round(active / t_step, 3),
             "perf/peak_memory_bytes": peak}))
         sys.stdout.flush()
-    write_readbacks(env, routes, kernels, platform, modes)
+    write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
-    write_json(env.artifact_dir / "manifest.json", manifest)
+    if lead:
+        write_json(env.artifact_dir / "manifest.json", manifest)
     if env.mode == "strict" and any(routes[s].fallbacks for s in SIDES):
         print("[RL-Kernel] error: strict mode: fallback to the native path recorded "
               f"({[f for s in SIDES for f in routes[s].fallbacks]}); failing the run",
@@ -531,20 +677,33 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
     return 0
 
 
-def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor]) -> None:
-    """Masked train/rollout logprobs of step 0 as ``rank00000.call00000000.pt`` (atomic)."""
+def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | None = None,
+                  ) -> None:
+    """Masked train/rollout logprobs of step 0 as ``rank{rank:05d}.call00000000.pt`` (atomic).
+
+    TP replicas write the same samples; a CP rank writes, per sample, the response tokens whose
+    positions fall in its zigzag chunks (``parallel.zigzag_response_keep``) and the full loss mask,
+    which the reader slices the same way (RL-Kernel's layout)."""
+    grid = grid or Grid()
+    train, roll = [x.float().contiguous() for x in train_lp], [
+        x.float().contiguous() for x in ro.logprobs]
+    if grid.cp > 1:
+        keeps = [zigzag_response_keep(int(t.numel()), int(x.numel()), grid.cp, grid.cp_rank)
+                 for t, x in zip(ro.tokens, ro.logprobs, strict=True)]
+        train = [x[k].contiguous() for x, k in zip(train, keeps, strict=True)]
+        roll = [x[k].contiguous() for x, k in zip(roll, keeps, strict=True)]
     data = {
-        "schema": SIDECAR_SCHEMA, "rank": 0, "call_index": 0,
-        "tensor_parallel_size": 1, "context_parallel_size": 1,
-        "train_log_probs": [x.float().contiguous() for x in train_lp],
-        "rollout_log_probs": [x.float().contiguous() for x in ro.logprobs],
+        "schema": SIDECAR_SCHEMA, "rank": grid.rank, "call_index": 0,
+        "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
+        "train_log_probs": train,
+        "rollout_log_probs": roll,
         "loss_masks": [torch.ones(x.numel(), dtype=torch.float32) for x in ro.logprobs],
         "total_lengths": [int(t.numel()) for t in ro.tokens],
         "response_lengths": [int(x.numel()) for x in ro.logprobs],
         "tokens": [t.cpu().contiguous() for t in ro.tokens],
         "sample_indices": list(range(len(ro.tokens))),
     }
-    path = env.sidecar_dir / f"rank{0:05d}.call{0:08d}.pt"
+    path = env.sidecar_dir / f"rank{grid.rank:05d}.call{0:08d}.pt"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(data, tmp)
     os.replace(tmp, path)

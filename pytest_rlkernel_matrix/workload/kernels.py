@@ -16,6 +16,14 @@ fixed-size row tiles, core attention in fixed-size problem chunks over a fixed k
 (``max_seq_len``), all in fp32. So each row sees exactly the same kernels and reduction order,
 which makes the selected logprobs bitwise identical between rollout and training.
 
+Tensor parallelism (Megatron/vLLM style): QKV and gate/up are column-parallel (each rank holds a
+slice of the heads / intermediate rows), O and down are row-parallel and return a *partial* sum
+that the ``comm`` kernel reduces and adds to the residual; the LM head is vocab-parallel. R keeps
+its fixed shapes per rank and reduces across ranks only with an all-gather followed by a sum in
+rank order (``parallel.fixed_order_sum``), the same on both sides; P uses each framework's own
+collective (Megatron: all-reduce in the model dtype, vocab-parallel cross entropy; vLLM: fused
+all-reduce + residual add in fp32, all-gathered logits).
+
 On a GPU with Triton, R runs the batch-invariant kernels of ``triton_kernels.py`` instead (bf16
 operands, fp32 accumulation, one fixed configuration per dtype): ``r_backend`` is the one place
 that chooses. The CPU R path above is unchanged.
@@ -34,15 +42,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .model import AttnInputs, LayerWeights
+from .parallel import Group, fixed_order_sum
 
 if TYPE_CHECKING:
     from types import ModuleType
 
 MODULES = ("attention", "ffn", "logp")
+# `comm` (the row-parallel activation all-reduce) is an optional fourth module: the seed's matrix
+# has the three above; comm is this project's extension and needs tensor parallelism (tp >= 2).
+OPTIONAL_MODULES = ("comm",)
+ALL_MODULES = (*MODULES, *OPTIONAL_MODULES)
 R_BACKEND_IDS = {
     "attention": "rlkernel.attention.deterministic.v1",
     "ffn": "rlkernel.ffn.qwen3.deterministic.v1",
     "logp": "rlkernel.linear_logp.bitwise.v1",
+    "comm": "rlkernel.comm.allgather_fixed_order_sum.v1",
 }
 R_CONTRACT_VERSION = "rlk-ref.bitwise.v1"
 FRAMEWORK = {"training": "megatron", "rollout": "vllm"}
@@ -183,6 +197,12 @@ class ModuleKernel:
     backend: str = "torch"  # R only: torch (tiled fp32, CPU) | triton (GPU kernels)
     call_count: int = 0
     _cache: dict[tuple[int, str], Tensor] = field(default_factory=dict, repr=False)
+    tp: Group = field(default_factory=Group)  # tensor-parallel group (size 1: no TP)
+
+    @property
+    def partial(self) -> bool:
+        """Row-parallel outputs are partial sums left to the ``comm`` kernel (tp > 1)."""
+        return self.tp.size > 1
 
     @property
     def framework(self) -> str:
@@ -190,7 +210,9 @@ class ModuleKernel:
 
     @property
     def uses_triton(self) -> bool:
-        return self.implementation == "rl_kernel" and self.backend == "triton"
+        # The Triton kernels compute whole (unsharded) outputs: under TP the torch R path, which
+        # leaves fp32 partial sums to the comm kernel, runs instead (job.py also picks it for CP).
+        return self.implementation == "rl_kernel" and self.backend == "triton" and not self.partial
 
     @property
     def backend_id(self) -> str:
@@ -256,9 +278,11 @@ class AttentionKernel(ModuleKernel):
         if inp.cache is not None:
             self._write_cache(inp, k, v)
             k, v = inp.cache.k, inp.cache.v
+        if inp.kv_gather is not None:  # context parallel: keys/values of every CP rank
+            k, v = inp.kv_gather(k, v)
         o = r_core_attention(q, inp.positions, k, v, self.tiling)
-        return r_matmul(o.reshape(b * t, hq * d), wo, self.tiling.row_tile).to(
-            self.dtype).reshape(b, t, h)
+        out = r_matmul(o.reshape(b * t, hq * d), wo, self.tiling.row_tile)
+        return (out if self.partial else out.to(self.dtype)).reshape(b, t, h)
 
     def _r_triton(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
         tk = _tk()
@@ -298,7 +322,14 @@ class AttentionKernel(ModuleKernel):
         g = hq // hkv
         if inp.cache is not None:
             self._write_cache(inp, k, v)
-        if inp.cache is None or t > 1:  # training full sequence / rollout prefill: causal
+        if inp.kv_gather is not None:  # context parallel: local queries, every rank's keys
+            kf, vf = inp.kv_gather(k, v)
+            s = kf.shape[1]
+            mask = torch.arange(s, device=x.device)[None, None, :] <= inp.positions[:, :, None]
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), kf.transpose(1, 2).repeat_interleave(g, 1),
+                vf.transpose(1, 2).repeat_interleave(g, 1), attn_mask=mask[:, None])
+        elif inp.cache is None or t > 1:  # training full sequence / rollout prefill: causal
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1),
                 v.transpose(1, 2).repeat_interleave(g, 1), is_causal=True)
@@ -336,7 +367,8 @@ class FfnKernel(ModuleKernel):
             def mlp(xt: Tensor) -> tuple[Tensor]:
                 gu = torch.mm(_r_rms(xt.float(), wn, self.eps), wgu)
                 gate, up = gu[:, :inter], gu[:, inter:]
-                return (torch.mm(gate * torch.sigmoid(gate) * up, wd).to(self.dtype),)
+                down = torch.mm(gate * torch.sigmoid(gate) * up, wd)
+                return (down if self.partial else down.to(self.dtype),)
 
             return _tiled(mlp, self.tiling.row_tile, x.reshape(b * t, h))[0].reshape(b, t, h)
         wgu = self._weight((lw.index, "gu"), lambda: torch.cat([lw.gate_proj, lw.up_proj]))
@@ -386,6 +418,8 @@ class LogpKernel(ModuleKernel):
     def full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, temperature: float) -> Tensor:
         """fp32 log-probabilities ``[N, V]`` (rollout sampling path)."""
         self.call_count += 1
+        if self.partial:
+            return self._tp_full(h, norm_w, lm_head, temperature)
         if self.uses_triton:
             return self._r_triton(h, norm_w, lm_head, None, temperature)
         if self.implementation == "rl_kernel":
@@ -399,6 +433,8 @@ class LogpKernel(ModuleKernel):
                  temperature: float) -> Tensor:
         """fp32 log-probability of ``targets`` (training recompute path)."""
         self.call_count += 1
+        if self.partial:
+            return self._tp_selected(h, norm_w, lm_head, targets, temperature)
         if self.uses_triton:
             return self._r_triton(h, norm_w, lm_head, targets, temperature)
         if self.implementation == "rl_kernel":
@@ -416,6 +452,85 @@ class LogpKernel(ModuleKernel):
         shifted = lf - lf.amax(-1, keepdim=True)
         return shifted - torch.log(shifted.exp().sum(-1, keepdim=True))
 
+    # -- vocab-parallel (tp > 1): ``lm_head`` is this rank's ``[V / tp, H]`` slice -------------
+
+    def _r_tp_local(self, h: Tensor, norm_w: Tensor, lm_head: Tensor,
+                    temperature: float) -> Tensor:
+        """R: this rank's fp32 log-probabilities ``[N, V / tp]``. Fixed-shape tiles for every
+        non-correctly-rounded op (mm, exp, log); the global max is exact, the global sum of
+        exponentials is an all-gather then a sum in rank order."""
+        wl = self._weight((-1, "lm_head"), lambda: lm_head.float().t().contiguous())
+        wn = norm_w.float()
+        tile = self.tiling.row_tile
+
+        def stage1(ht: Tensor) -> tuple[Tensor, Tensor]:
+            logits = torch.mm(_r_rms(ht.float(), wn, self.eps), wl) / temperature
+            return logits, logits.amax(-1, keepdim=True)
+
+        logits, m_local = _tiled(stage1, tile, h)
+        m = torch.stack(self.tp.gather(m_local)).amax(0)
+        s_local = _tiled(lambda lt, mt: (torch.exp(lt - mt).sum(-1, keepdim=True),),
+                         tile, logits, m)[0]
+        s = fixed_order_sum(self.tp.gather(s_local))
+        return _tiled(lambda lt, mt, st: (lt - (mt + torch.log(st)),), tile, logits, m, s)[0]
+
+    def _p_tp_local(self, h: Tensor, norm_w: Tensor, lm_head: Tensor,
+                    temperature: float) -> Tensor:
+        """P, Megatron's vocab-parallel cross entropy: all-reduce MAX, then all-reduce SUM."""
+        lf = F.linear(self._p_norm(h, norm_w), lm_head).div(temperature).float()
+        m = self.tp.all_reduce(lf.amax(-1, keepdim=True), "max")
+        shifted = lf - m
+        s = self.tp.all_reduce(shifted.exp().sum(-1, keepdim=True), "sum")
+        return shifted - torch.log(s)
+
+    def _tp_full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor,
+                 temperature: float) -> Tensor:
+        if self.implementation == "rl_kernel":
+            return torch.cat(self.tp.gather(
+                self._r_tp_local(h, norm_w, lm_head, temperature)), dim=-1)
+        if self.framework == "megatron":
+            return torch.cat(self.tp.gather(
+                self._p_tp_local(h, norm_w, lm_head, temperature)), dim=-1)
+        # vLLM: gather the logits shards, then one log_softmax over the whole vocabulary.
+        logits = torch.cat(self.tp.gather(F.linear(self._p_norm(h, norm_w), lm_head)), dim=-1)
+        return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+    def _tp_selected(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor,
+                     temperature: float) -> Tensor:
+        if self.implementation != "rl_kernel" and self.framework != "megatron":
+            return self._tp_full(h, norm_w, lm_head, temperature).gather(
+                -1, targets[:, None])[:, 0]
+        local = (self._r_tp_local if self.implementation == "rl_kernel" else self._p_tp_local)(
+            h, norm_w, lm_head, temperature)
+        width = local.shape[-1]
+        owner = targets // width
+        mine = local.gather(-1, (targets - self.tp.rank * width).clamp(0, width - 1)[:, None])
+        if self.implementation == "rl_kernel":  # the owner's value, copied (no arithmetic)
+            return torch.stack(self.tp.gather(mine[:, 0])).gather(0, owner[None])[0]
+        # Megatron: predicted logit masked to zero off-owner, then all-reduce SUM.
+        return self.tp.all_reduce(torch.where(owner == self.tp.rank, mine[:, 0], 0.0), "sum")
+
+
+class CommKernel(ModuleKernel):
+    """The row-parallel activation reduction plus the residual add (tp > 1).
+
+    R: all-gather the fp32 partials, sum them in rank order, cast, add the residual (the same
+    bits on both sides and in every call). P is what each framework naturally does: Megatron
+    all-reduces the model-dtype partials with the backend's collective then adds the residual
+    (two roundings); vLLM's fused all-reduce + residual add accumulates in fp32 and rounds once.
+    """
+
+    def reduce_add(self, x: Tensor, partial: Tensor) -> Tensor:
+        self.call_count += 1
+        if not self.partial:
+            return x + partial.to(x.dtype)
+        if self.implementation == "rl_kernel":
+            return x + fixed_order_sum(self.tp.gather(partial.float())).to(self.dtype)
+        if self.framework == "megatron":
+            return x + self.tp.all_reduce(partial.to(self.dtype).contiguous(), "sum")
+        summed = self.tp.all_reduce(partial.to(self.dtype).float(), "sum")
+        return (x.float() + summed).to(self.dtype)
+
 
 @dataclass
 class SideKernels:
@@ -425,20 +540,35 @@ class SideKernels:
     attention: AttentionKernel
     ffn: FfnKernel
     logp: LogpKernel
+    comm: CommKernel | None = None  # the TP reduction; None: no TP (a plain residual add)
 
     @classmethod
     def build(cls, target: str, impls: dict[str, str], dtype: torch.dtype, tiling: Tiling,
-              eps: float, backend: str = "torch") -> SideKernels:
+              eps: float, backend: str = "torch", tp: Group | None = None) -> SideKernels:
         """``impls`` maps module -> ``production`` | ``rl_kernel`` (what really runs);
-        ``backend`` is the R implementation (``r_backend(device)``)."""
+        ``backend`` is the R implementation (``r_backend(device)``); with a TP group of size > 1,
+        ``impls["comm"]`` picks the reduction (required then)."""
+        g = tp or Group()
+        comm = None
+        if g.size > 1:
+            comm = CommKernel("comm", target, impls["comm"], dtype, tiling, eps, tp=g)
         return cls(target,
                    AttentionKernel("attention", target, impls["attention"], dtype, tiling, eps,
-                                   backend),
-                   FfnKernel("ffn", target, impls["ffn"], dtype, tiling, eps, backend),
-                   LogpKernel("logp", target, impls["logp"], dtype, tiling, eps, backend))
+                                   backend, tp=g),
+                   FfnKernel("ffn", target, impls["ffn"], dtype, tiling, eps, backend, tp=g),
+                   LogpKernel("logp", target, impls["logp"], dtype, tiling, eps, backend, tp=g),
+                   comm)
 
     def module(self, name: str) -> ModuleKernel:
-        return {"attention": self.attention, "ffn": self.ffn, "logp": self.logp}[name]
+        found = {"attention": self.attention, "ffn": self.ffn, "logp": self.logp,
+                 "comm": self.comm}[name]
+        if found is None:
+            raise KeyError(f"module {name!r} is not built (no tensor parallelism)")
+        return found
+
+    def reduce_add(self, x: Tensor, out: Tensor) -> Tensor:
+        """``x + out``; with TP, ``out`` is a partial sum the comm kernel reduces first."""
+        return x + out if self.comm is None else self.comm.reduce_add(x, out)
 
     @property
     def framework(self) -> str:

@@ -6,12 +6,19 @@ untied LM head. The weights live in a flat ``dict`` keyed by Hugging Face Qwen3 
 rollout engine can hold its own copy of the same dict. The math of each module is not here: the
 forward takes a per-side ``kernels`` object (see ``kernels.py``) that picks the P or R
 implementation of attention, FFN and selected-token logp.
+
+Tensor parallelism is a view of the same dict: ``shard_weights`` cuts it Megatron-style
+(column-parallel q/k/v and gate/up by rows, row-parallel o/down by columns, vocab-parallel LM
+head), and the forward adds each row-parallel output to the residual through
+``kernels.reduce_add`` (which all-reduces the partial sums first). Context parallelism passes
+``kv_gather``: local query rows attend to the keys/values of every CP rank.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -133,6 +140,42 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype,
     return cfg, {n: raw[n].to(device=device, dtype=dtype) for n in weight_names(cfg)}
 
 
+def shard_weights(cfg: ModelConfig, weights: dict[str, Tensor], tp: int,
+                  rank: int) -> dict[str, Tensor]:
+    """This TP rank's slice of a full weight dict (Megatron/vLLM layout, HF names kept).
+
+    Column-parallel (output rows): q/k/v by heads, gate/up by intermediate rows; row-parallel
+    (input columns): o_proj by q heads, down_proj by intermediate columns; vocab-parallel LM head.
+    Embedding and norms are replicated.
+    """
+    if tp == 1:
+        return weights
+    for what, n in (("attention heads", cfg.num_attention_heads),
+                    ("key/value heads", cfg.num_key_value_heads),
+                    ("intermediate size", cfg.intermediate_size), ("vocab size", cfg.vocab_size)):
+        if n % tp:
+            raise ValueError(f"tp={tp} does not divide the {what} ({n})")
+
+    def rows(w: Tensor) -> Tensor:
+        n = w.shape[0] // tp
+        return w[rank * n:(rank + 1) * n].contiguous()
+
+    def cols(w: Tensor) -> Tensor:
+        n = w.shape[1] // tp
+        return w[:, rank * n:(rank + 1) * n].contiguous()
+
+    out: dict[str, Tensor] = {}
+    for name, w in weights.items():
+        leaf = name.split(".")[-2]
+        if leaf in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head"):
+            out[name] = rows(w)
+        elif leaf in ("o_proj", "down_proj"):
+            out[name] = cols(w)
+        else:
+            out[name] = w
+    return out
+
+
 def weights_sha256(weights: dict[str, Tensor]) -> str:
     """sha256 over sorted (name, dtype, shape, raw bytes) of a weight dict: the weight version."""
     h = hashlib.sha256()
@@ -182,6 +225,8 @@ class AttnInputs:
     sin: Tensor
     cache: KVCache | None
     span: int = 0  # decode: keys in use (max position + 1), host-side metadata like vLLM's
+    # Context parallel: local ``k, v [B, T_local, Hkv, D]`` -> every rank's, in position order.
+    kv_gather: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
 
 
 class Qwen3:
@@ -213,11 +258,14 @@ class Qwen3:
         """Zero-filled KV caches (one per layer) with capacity ``max_seq_len``."""
         c = self.cfg
         w = self.weights["model.embed_tokens.weight"]
-        shape = (batch, self.max_seq_len, c.num_key_value_heads, c.head_dim)
+        kv_heads = self.layers[0].k_proj.shape[0] // c.head_dim  # this rank's heads under TP
+        shape = (batch, self.max_seq_len, kv_heads, c.head_dim)
         return [KVCache(w.new_zeros(shape), w.new_zeros(shape)) for _ in self.layers]
 
     def hidden(self, kernels: SideKernels, tokens: Tensor, positions: Tensor,
-               caches: list[KVCache] | None, span: int | None = None) -> Tensor:
+               caches: list[KVCache] | None, span: int | None = None,
+               kv_gather: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+               ) -> Tensor:
         """Final hidden states ``[B, T, H]`` (before the final norm) for ``tokens [B, T]``.
 
         ``span`` (keys in use, decode only) defaults to ``max(positions) + 1``, a host sync;
@@ -229,9 +277,9 @@ class Qwen3:
             span = int(positions.max()) + 1 if caches is not None else 0
         for layer in self.layers:
             cache = None if caches is None else caches[layer.index]
-            inp = AttnInputs(positions, cos, sin, cache, span)
-            x = x + kernels.attention(x, layer, inp)
-            x = x + kernels.ffn(x, layer)
+            inp = AttnInputs(positions, cos, sin, cache, span, kv_gather)
+            x = kernels.reduce_add(x, kernels.attention(x, layer, inp))
+            x = kernels.reduce_add(x, kernels.ffn(x, layer))
         return x
 
     def decode_step(self, kernels: SideKernels, tokens: Tensor, positions: Tensor,
