@@ -174,7 +174,7 @@ def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
     cells = {(c["module"], c["case"]): c for c in report["cells"]}
     rr, pp = cells[("attention", "R/R")], cells[("attention", "P/P")]
     assert result.ret == 0, result.stdout.str()[-3000:]
-    assert rr["verdict"] == "valid" and rr["contract"] == {"kind": "bitwise"}
+    assert rr["verdict"] == "valid" and rr["contract"]["kind"] == "bitwise"
     assert rr["mismatch_count"] == 0 and rr["active_token_count"] > 0
     assert pp["verdict"] == "valid" and pp["mismatch_count"] > 0
     assert json.loads((root / "preflight.json").read_text())["checkpoint"]["exists"] is True
