@@ -151,14 +151,14 @@ def test_signal_to_pytest_stops_the_cell_and_records_it(
 
 def test_one_session_per_matrix_root(pytester: pytest.Pytester, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from conftest import FAKE
+    fake = Path(__file__).with_name("fake_framework.py")
     from pytest_rlkernel_matrix import cli
 
     release = tmp_path / "release"
     pytester.makefile(".toml", matrix=(
         '[matrix]\nmodules = ["attention"]\n'
         f'[runner]\ncommand = \'while [ ! -e "{release}" ]; do sleep 0.05; done; '
-        f'exec "{sys.executable}" "{FAKE}"\'\ntimeout = 120\n'
+        f'exec "{sys.executable}" "{fake}"\'\ntimeout = 120\n'
         '[hardware.cpu]\nbackend = "cpu"\n'))
     root = tmp_path / "root"
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
