@@ -163,6 +163,7 @@ def test_job_cancelled_from_outside_is_error_cancelled(tmp_path: Path,
     assert cell["scheduler"]["state"] == "CANCELLED" and proc.returncode == 1
 
 
+@pytest.mark.slow  # 60-90 s of waiting for Slurm: .ci/run runs it on its own (--run-slow)
 def test_job_past_its_slurm_time_limit_is_error_timeout(tmp_path: Path,
                                                          slurm_cluster: None) -> None:
     # Slurm counts limits in whole minutes and checks them every 30 s: about 60-90 s here.
