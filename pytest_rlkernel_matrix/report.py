@@ -199,7 +199,9 @@ def analyze_run(
                           env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
                           gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
                           blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
-                          policy=Policy.from_meta(meta))
+                          policy=Policy.from_meta(meta),
+                          performance_policy=PerformancePolicy.from_mapping(
+                              meta.get("performance_policy")))
         # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
         # gap for runs recorded without them.
         fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}

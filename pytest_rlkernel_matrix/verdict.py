@@ -15,11 +15,9 @@ R evidence: R is proven by a readback, or disproven by the numeric contract.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix.cells import Cell
@@ -518,14 +516,13 @@ def _judge_numeric(ev: Evidence, mode: str, cell: Cell | None = None,
 
 
 def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mode: str,
-                       warmup: int) -> Judgement:
+                       warmup: int, policy: PerformancePolicy) -> Judgement:
     perf = Judgement()
     medians, spread = ev.log.phases(warmup)
     missing = [k for k in ("rollout_wall_time", "training_wall_time", "step_wall_time")
                if medians.get(k) is None]
     if missing:
         perf.fail(f"no phase wall-clock in run.log for {', '.join(missing)}")
-    policy = _performance_policy(ev.root)
     for reason in _timing_noise(spread, policy):
         perf.fail(reason)
     for reason in contamination_judge(read_measurement(ev.root), policy):
@@ -539,18 +536,6 @@ def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mod
         why = "auto-mode fallback" if mode == "auto" else "the requested route did not run"
         perf.fail(f"not usable for RL-Kernel performance conclusions: {why}")
     return perf
-
-
-def _performance_policy(root: Path) -> PerformancePolicy:
-    """The limits the run was recorded with (cell-run.json), else the documented defaults."""
-    from pytest_rlkernel_matrix.safeio import MAX_JSON_BYTES, Refused, read_bytes
-
-    try:
-        meta = json.loads(read_bytes(root / "cell-run.json", root, MAX_JSON_BYTES))
-    except (Refused, OSError, ValueError, RecursionError):
-        return PerformancePolicy()
-    raw = meta.get("performance_policy") if isinstance(meta, dict) else None
-    return PerformancePolicy.from_mapping(raw if isinstance(raw, dict) else None)
 
 
 def _timing_noise(spread: Mapping[str, Any], policy: PerformancePolicy) -> list[str]:
@@ -607,15 +592,19 @@ def decide(
     warmup: int = 0,
     blockers: Sequence[tuple[str, str]] = (),
     policy: Policy | None = None,
+    performance_policy: PerformancePolicy | None = None,
 ) -> Decision:
-    """Judge one finished run (or one strict mode refused to start: `blockers` from preflight)."""
+    """Judge one finished run (or one strict mode refused to start: `blockers` from preflight).
+
+    `policy` and `performance_policy` are what the run was recorded with (its cell-run.json)."""
     policy = policy or Policy()
     route, mismatch, fallbacks = _judge_route(cell, mode, ev)
     semantic = _judge_semantic(ev, mode, policy)
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")
     numeric, contract, evidence_errors = _judge_numeric(ev, mode, cell, policy)
-    performance = _judge_performance(ev, env, route.valid is not False, mode, warmup)
+    performance = _judge_performance(ev, env, route.valid is not False, mode, warmup,
+                                     performance_policy or PerformancePolicy())
     unsupported = _unsupported(cell, ev)
     not_started = (run.exit_code is None and not run.launch_error and not run.timed_out
                    and not run.interrupted)
