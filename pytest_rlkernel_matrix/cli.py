@@ -7,7 +7,9 @@
 - `rlk-matrix table <matrix-report.json>`: drift and phase times per cell as a markdown table;
 - `rlk-matrix merge a.json b.json [...] -o out.json`: reports from different hardware side by side
   (never a ratio across hardware, builds or topologies);
-- `rlk-matrix compare old.json new.json [thresholds]`: per-cell changes; exit 1 past a threshold.
+- `rlk-matrix compare old.json new.json [thresholds]`: per-cell changes; exit 1 past a threshold;
+- `rlk-matrix init [DIR] [--engines]`: write a starter `DIR/matrix.toml` (the repo's `matrix.toml`,
+  or with `--engines` its `examples/engines.toml`, shipped in the package); never overwrites.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import textwrap
@@ -325,6 +328,49 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if result["violations"] else 0
 
 
+TEMPLATES = {False: "matrix.toml", True: "engines.toml"}  # --engines -> shipped template
+
+
+def template_text(engines: bool) -> str:
+    """The starter matrix file shipped in the package (`templates/`)."""
+    from importlib.resources import files
+
+    return (files("pytest_rlkernel_matrix") / "templates" / TEMPLATES[engines]).read_text(
+        encoding="utf-8")
+
+
+def _init(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    target = directory / "matrix.toml"
+    if target.exists() or target.is_symlink():
+        print(f"rlk-matrix: {target} exists; refusing to overwrite (remove it or pick another "
+              "directory)", file=sys.stderr)
+        return 2
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(target, "x", encoding="utf-8") as fh:  # "x": never replaces a file
+            fh.write(template_text(args.engines))
+    except FileExistsError:
+        print(f"rlk-matrix: {target} exists; refusing to overwrite", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"rlk-matrix: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    here = shlex.quote(str(directory))
+    print(f"wrote {target}")
+    if args.engines:
+        print("next, once (torch==2.13.0 installed first):\n"
+              '  pip install "pytest-rlkernel-matrix[engines]"\n'
+              "  pip uninstall -y torchvision torchaudio torchcodec\n"
+              "  python -m pytest_rlkernel_matrix.engines.checkpoint "
+              f"{shlex.quote(str(directory / '.rlk-engines' / 'tiny-qwen3'))}\n"
+              f"then: cd {here} && pytest   (`pytest --rlk-plan` lists the cells)")
+    else:
+        print(f"next: cd {here} && pytest   (`pytest --rlk-plan` lists the cells; the built-in "
+              "reference workload needs torch)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlk-matrix", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
@@ -369,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "still required): the regression gate for a new commit")
     c.add_argument("--json", default=None, metavar="FILE", help="write the comparison as JSON")
     c.set_defaults(func=_compare)
+    i = sub.add_parser("init", help="write a starter matrix.toml (never overwrites one)")
+    i.add_argument("dir", nargs="?", default=".", help="directory for matrix.toml (default: .)")
+    i.add_argument("--engines", action="store_true",
+                   help="the real-engines matrix (vLLM + Megatron-core; docs/en/engines.md) "
+                   "instead of the built-in reference workload")
+    i.set_defaults(func=_init)
     return parser
 
 

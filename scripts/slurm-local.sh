@@ -5,12 +5,17 @@
 #                                   slurmctld, slurmd; wait until `sinfo` shows the node idle
 #   scripts/slurm-local.sh stop     stop the daemons this script started (by their pid files)
 #   scripts/slurm-local.sh status   say whether the cluster answers
+#   scripts/slurm-local.sh config   print the slurm.conf `start` would write; start or write nothing
 #
 # Installs nothing: it needs Debian's `slurm-wlm` and `munge` packages
 # (`apt-get install -y slurm-wlm munge`) and root (slurmd runs jobs as their user).
 # The config is written to $SLURM_CONF (default /etc/slurm/slurm.conf) only when that file is
 # absent or was written by this script; a site's own slurm.conf is never touched.
 # No slurmdbd: job states come from `scontrol show job` (MinJobAge keeps finished jobs known).
+# The node gets the CPUs this process may run on (RLK_SLURM_CPUS overrides), never a count cut
+# down by OMP_NUM_THREADS / OMP_THREAD_LIMIT, which `nproc` honours (tests/conftest.py sets
+# OMP_NUM_THREADS=1). The daemons read slurm.conf when they start: after the node's size
+# changes, `stop` then `start`.
 set -euo pipefail
 
 CONF="${SLURM_CONF:-/etc/slurm/slurm.conf}"
@@ -31,18 +36,25 @@ need() {
   [ "$(id -u)" = 0 ] || die "must run as root (slurmd starts jobs as their submitting user)"
 }
 
-write_conf() {
-  if [ -e "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
-    echo "slurm-local: $CONF exists and was not written by this script: using it as is"
+# CPUs this process may run on (its affinity mask), whatever OMP_NUM_THREADS says.
+real_cpus() {
+  if [ -n "${RLK_SLURM_CPUS:-}" ]; then
+    echo "$RLK_SLURM_CPUS"
     return
   fi
+  env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN
+}
+
+render_conf() {
   local host cpus mem
   host="$(hostname -s)"
-  cpus="$(nproc)"
+  cpus="$(real_cpus)"
+  case "$cpus" in
+    ''|*[!0-9]*|0) die "cannot tell the CPU count (got '${cpus}'); set RLK_SLURM_CPUS" ;;
+  esac
   # Modest on purpose: the scheduler only needs to accept jobs, not police memory.
   mem="${RLK_SLURM_MEMORY_MB:-1024}"
-  mkdir -p "$(dirname "$CONF")" "$STATE/ctld" "$STATE/d" "$STATE/log"
-  cat >"$CONF.tmp" <<EOF
+  cat <<EOF
 $MARK
 ClusterName=rlklocal
 SlurmctldHost=$host
@@ -73,6 +85,15 @@ InactiveLimit=0
 NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
+}
+
+write_conf() {
+  if [ -e "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
+    echo "slurm-local: $CONF exists and was not written by this script: using it as is"
+    return
+  fi
+  mkdir -p "$(dirname "$CONF")" "$STATE/ctld" "$STATE/d" "$STATE/log"
+  render_conf >"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
 }
 
@@ -154,5 +175,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  config) render_conf ;;
+  *) echo "usage: $0 start|stop|status|config" >&2; exit 2 ;;
 esac

@@ -165,7 +165,7 @@ def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
                                                  tmp_path: Path) -> None:
     from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
 
-    write_checkpoint(REPO / ".rlk-engines" / "tiny-qwen3")
+    write_checkpoint(REPO / "examples" / ".rlk-engines" / "tiny-qwen3")  # engines.toml's
     root = tmp_path / "root"
     result = pytester.runpytest_subprocess(
         f"--rlk-matrix={REPO / 'examples' / 'engines.toml'}", f"--rlk-matrix-root={root}",

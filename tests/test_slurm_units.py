@@ -5,6 +5,8 @@ feature itself is tested against a real Slurm in `test_slurm.py`."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -270,3 +272,29 @@ def test_requeue_runs_once_more_into_a_fresh_directory(tmp_path: Path) -> None:
     assert meta["superseded_by"] == "cpu/attention-rr.attempt2"
     assert meta["run"]["launch_error"].startswith("NODE_FAIL")  # the first attempt is kept
     assert shared["artifact_dir"] == first["artifact_dir"] and shared["module"] == "ffn"
+
+
+def test_local_slurm_config_gets_the_real_cpu_count_whatever_omp_says(tmp_path: Path) -> None:
+    """`slurm-local.sh config` prints the slurm.conf `start` writes, without root or daemons.
+    `nproc` honours OMP_NUM_THREADS (tests/conftest.py sets 1); the node must not shrink to it."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "slurm-local.sh"
+    conf = tmp_path / "slurm.conf"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_THREAD_LIMIT": "1",
+           "SLURM_CONF": str(conf), "RLK_SLURM_STATE": str(tmp_path / "state")}
+    env.pop("RLK_SLURM_CPUS", None)
+    done = subprocess.run(["bash", str(script), "config"], env=env, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    nodes = [line.split() for line in done.stdout.splitlines() if line.startswith("NodeName=")]
+    assert len(nodes) == 1, done.stdout
+    fields = dict(item.split("=", 1) for item in nodes[0])
+    assert fields["CPUs"] == str(len(os.sched_getaffinity(0)))
+    assert f"StateSaveLocation={tmp_path / 'state'}/ctld" in done.stdout
+    assert not conf.exists() and not (tmp_path / "state").exists()  # `config` writes nothing
+
+    override = subprocess.run(["bash", str(script), "config"], capture_output=True, text=True,
+                              env={**env, "RLK_SLURM_CPUS": "7"}, timeout=30, check=False)
+    assert "CPUs=7 " in override.stdout
+    bad = subprocess.run(["bash", str(script), "config"], capture_output=True, text=True,
+                         env={**env, "RLK_SLURM_CPUS": "two"}, timeout=30, check=False)
+    assert bad.returncode != 0 and "RLK_SLURM_CPUS" in bad.stderr and not bad.stdout.strip()
