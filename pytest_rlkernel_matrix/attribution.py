@@ -5,8 +5,13 @@ training effect = P/R - R/R, rollout effect = R/P - R/R,
 interaction = P/P - P/R - R/P + R/R; for drift (mean, p99, max |dlogp|, mismatch fraction) and
 phase times (rollout, training, weight sync, step). The one-line conclusion refuses rather than
 guesses: a needed cell that is not `valid` stops the drift conclusion; noisy, contaminated or
-fallback timings stop the performance conclusion, and a time ratio is stated only when its
-bootstrap interval excludes 1 (stats.py); otherwise "no conclusion: noise" with the figures.
+fallback timings stop the performance conclusion, and a time ratio is stated only when each
+cell has at least two processes and the hierarchical bootstrap interval (processes, then steps)
+excludes 1 (stats.py); otherwise "no conclusion: ..." with the figures. Every ratio reads time
+with R over time with P (R/R over the cell with P on the side; below 1: R faster). A side's
+effect on step time is stated only when the phase that side runs carries it: the training side's
+step statement needs a conclusive training-phase ratio in the same direction that explains at
+least half of the step difference; otherwise the phase that did carry it is named.
 """
 
 from __future__ import annotations
@@ -14,7 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_rlkernel_matrix.stats import NOISE, Policy, Ratio, compare
+from pytest_rlkernel_matrix.stats import (
+    DIRECTION,
+    NOISE,
+    ONE_PROCESS,
+    Policy,
+    Ratio,
+    compare_processes,
+)
 from pytest_rlkernel_matrix.terms import ALL_MODULES as MODULES
 
 DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
@@ -68,10 +80,19 @@ def policy_of(records: Sequence[Mapping[str, Any]]) -> Policy:
 
 def steps(record: Mapping[str, Any], phase: str) -> list[float]:
     """Every measured step's time for `phase` (warmup excluded), from the record."""
+    return [v for group in process_steps(record, phase) for v in group]
+
+
+def process_steps(record: Mapping[str, Any], phase: str) -> list[list[float]]:
+    """The measured steps of `phase` per process: `phase_spread.<phase>.processes` (a list of
+    per-process step lists) when the record has it, else its `steps` as one process."""
     entry = (record.get("phase_spread") or {}).get(phase) or {}
+    procs = entry.get("processes")
+    if isinstance(procs, list) and procs and all(isinstance(p, list) for p in procs):
+        return [[float(v) for v in p] for p in procs if p]
     values = entry.get("steps")
-    if isinstance(values, list):
-        return [float(v) for v in values]
+    if isinstance(values, list) and values:
+        return [[float(v) for v in values]]
     return []
 
 
@@ -79,24 +100,78 @@ def timing_ratio(num: Mapping[str, Any], den: Mapping[str, Any], phase: str, lab
                  policy: Policy) -> Ratio:
     """`num`'s over `den`'s time for `phase` under the rule; timings that are not usable (noise,
     contamination, wrong route) never support a statement, whatever the interval says."""
-    ratio = compare(steps(num, phase), steps(den, phase), policy, label)
+    ratio = compare_processes(process_steps(num, phase), process_steps(den, phase), policy, label)
     for name, rec in (("numerator", num), ("denominator", den)):
         if not rec.get("performance_usable"):
             why = (rec.get("validity") or {}).get("performance", {}).get("reasons") or [
                 f"verdict {rec.get('verdict')}"]
-            ratio.reasons.append(f"{name} {rec.get('case')} timings not usable: {why[0]}")
-            ratio.conclusion = NOISE
+            ratio.refuse(NOISE, f"{name} {rec.get('case')} timings not usable: {why[0]}")
     return ratio
 
 
-# (side, case with P on that side, phase)
-TIMED = (("training", "P/R", "training_wall_time"), ("rollout", "R/P", "rollout_wall_time"),
-         ("training", "P/R", "step_wall_time"), ("rollout", "R/P", "step_wall_time"))
+# (side, case with P on that side, the phase that side runs)
+SIDES = (("training", "P/R", "training_wall_time"), ("rollout", "R/P", "rollout_wall_time"))
+STEP_PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time")
+
+
+def _label(phase: str) -> str:
+    return phase.removesuffix("_wall_time").replace("_", " ")
+
+
+def carrier(rr: Mapping[str, Any], other: Mapping[str, Any], own: str) -> str | None:
+    """Why the step difference between `rr` and `other` is not the `own` phase's (None: it is).
+
+    Carried means: the `own` phase's median difference has the step difference's sign and is at
+    least half of it. Otherwise the reason names the phase with the largest difference of that
+    sign, which does not run the side's kernels."""
+    def delta(phase: str) -> float | None:
+        a, b = rr.get(phase), other.get(phase)
+        return None if a is None or b is None else float(a) - float(b)
+
+    step = delta("step_wall_time")
+    if step is None or step == 0:
+        return None
+    mine = delta(own)
+    if mine is not None and mine * step > 0 and abs(mine) >= 0.5 * abs(step):
+        return None
+    case = other.get("case")
+    shown = "unknown" if mine is None else f"{mine:+.3g} s"
+    why = (f"the step difference (R/R - {case} {step:+.3g} s) is not carried by the "
+           f"{_label(own)} phase ({shown})")
+    others = {p: delta(p) for p in STEP_PHASES if p != own}
+    same = {p: d for p, d in others.items() if d is not None and d * step > 0}
+    if same:
+        top = max(same, key=lambda p: abs(same[p]))
+        side, other = (("training", "rollout") if own == "training_wall_time"
+                       else ("rollout", "training"))
+        why += f"; the {_label(top)} phase carries it ({same[top]:+.3g} s), " + (
+            f"which runs the same {other} side in both cells" if top == f"{other}_wall_time"
+            else f"which is not the {side} side's phase")
+    return why
+
+
+def side_ratios(rr: Mapping[str, Any], other: Mapping[str, Any],
+                policy: Policy) -> tuple[Ratio, Ratio, str | None]:
+    """For a cell with P on one side (P/R: training, R/P: rollout): the side's own phase ratio
+    and the step ratio (both R/R over `other`), the step ratio refused unless the side's phase
+    carries the step difference, and the reason when it was refused for that."""
+    case = other.get("case")
+    phase = dict((c, ph) for _, c, ph in SIDES)[str(case)]
+    own = timing_ratio(rr, other, phase, f"{_label(phase)} time R/R / {case}", policy)
+    step = timing_ratio(rr, other, "step_wall_time", f"step time R/R / {case}", policy)
+    note = carrier(rr, other, phase)
+    if note is None and step.conclusive and own.conclusion != step.conclusion:
+        note = (f"the {_label(phase)} phase ratio ({own.label} {own.figures()}: "
+                f"{own.conclusion}) does not support it")
+    if note:
+        step.refuse(f"no statement: not carried by the {_label(phase)} phase", note)
+    return own, step, note
 
 
 def _time_conclusion(cells: Mapping[str, Mapping[str, Any]],
                      policy: Policy) -> tuple[str, list[str], list[dict[str, Any]]]:
-    """Per side: time with R on that side (R/R) over time with P on it, under the rule."""
+    """Per side: time with R on that side (R/R) over time with P on it, under the rule; the
+    side's step statement only when its own phase carries the step difference."""
     refused: list[str] = []
     prints = {(c.get("hardware_fingerprint"), c.get("build_fingerprint")) for c in cells.values()}
     if len(prints) > 1:
@@ -111,26 +186,35 @@ def _time_conclusion(cells: Mapping[str, Mapping[str, Any]],
         if not c.get("performance_usable"):
             why = "; ".join((c.get("validity") or {}).get("performance", {}).get("reasons", [])[:2])
             refused.append(f"{case} timings not usable ({why or c.get('verdict')})")
+    rr = cells["R/R"]
     ratios: list[Ratio] = []
     parts: list[str] = []
-    for side, case, phase in TIMED:
-        label = phase.removesuffix("_wall_time").replace("_", " ")
-        r = timing_ratio(cells["R/R"], cells[case], phase, f"{label} time R/R / {case}", policy)
-        ratios.append(r)
-        if r.conclusive and r.ratio is not None:
-            pct = 100.0 * (r.ratio - 1.0) if r.ratio >= 1 else 100.0 * (1.0 - r.ratio)
-            parts.append(f"R on the {side} side {pct:.0f}% {r.conclusion} in {label} than P "
-                         f"({r.label} {r.figures()})")
+    notes: list[str] = []
+    for side, case, phase in SIDES:
+        own, step, note = side_ratios(rr, cells[case], policy)
+        if note:
+            notes.append(f"no {side}-side step statement: {note}")
+        ratios += [own, step]
+        for r, what in ((own, _label(phase)), (step, "step")):
+            if r.conclusive and r.ratio is not None:
+                pct = 100.0 * (r.ratio - 1.0) if r.ratio >= 1 else 100.0 * (1.0 - r.ratio)
+                parts.append(f"R on the {side} side {pct:.0f}% {r.conclusion} in {what} than P "
+                             f"({r.label} {r.figures()})")
     figures = "; ".join(f"{r.label} {r.figures()}" for r in ratios
                         if r.label.startswith("step") and r.ratio is not None)
+    if figures:
+        figures = f"{figures} ({DIRECTION})"
     if parts:
-        text = "; ".join(parts)
+        text = "; ".join(parts + notes) + f" ({DIRECTION})"
     elif refused:
         text = (f"{NOISE} or contamination ({refused[0]}"
                 + (f"; figures: {figures}" if figures else "") + ")")
+    elif all(r.conclusion == ONE_PROCESS for r in ratios):
+        shown = "; ".join(([figures] if figures else []) + notes)
+        text = ONE_PROCESS + (f" ({shown})" if shown else "")
     else:
         why = "; ".join(dict.fromkeys(x for r in ratios for x in r.reasons))
-        text = f"{NOISE} ({figures}; {why})" if figures else f"{NOISE} ({why})"
+        text = f"{NOISE} ({'; '.join(([figures] if figures else []) + notes + [why])})"
     return text, refused, [r.as_dict() for r in ratios]
 
 

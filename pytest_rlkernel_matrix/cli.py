@@ -232,10 +232,13 @@ def _ratio_cell(r: Any) -> str:
 def markdown_table(report: dict[str, object]) -> list[str]:
     """Drift, phase times and time ratios (with their intervals) per cell, as a markdown table.
 
-    A ratio is a conclusion only under the rule of `stats.py` (enough steps, spread under the
-    limit, interval excluding 1, usable timings); otherwise it reads "no conclusion: noise".
+    A ratio is a conclusion only under the rule of `stats.py` (enough steps and processes,
+    spread under the limit, interval excluding 1, usable timings); otherwise it reads "no
+    conclusion: ...". Every ratio has the direction of the terminal's attribution (`DIRECTION`):
+    the R/R baseline's time over the cell's, i.e. time with R over time with P.
     """
-    from pytest_rlkernel_matrix.attribution import policy_of, timing_ratio
+    from pytest_rlkernel_matrix.attribution import SIDES, policy_of, side_ratios, timing_ratio
+    from pytest_rlkernel_matrix.stats import DIRECTION
 
     cells = report["cells"]
     assert isinstance(cells, list)
@@ -246,14 +249,18 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     lines = [
         "| hardware | module | case | verdict | mismatches / active | max abs dlogp | "
         "mean abs dlogp | rollout s | training s | step s | steps | "
-        f"step time, this cell / R/R baseline [{level} CI] |",
+        f"step time, R/R baseline / this cell ({DIRECTION}) [{level} CI] |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
         rr = base.get((c["hardware"], c["module"]))
         shown = "-"
         if rr is not None and c is not rr and c.get("step_wall_time") is not None:
-            shown = _ratio_cell(timing_ratio(c, rr, "step_wall_time", "", policy))
+            if c["case"] in {case for _, case, _ in SIDES}:
+                # The attribution's own step ratio for that side (its phase must carry it).
+                shown = _ratio_cell(side_ratios(rr, c, policy)[1])
+            else:
+                shown = _ratio_cell(timing_ratio(rr, c, "step_wall_time", "", policy))
         elif c is rr:
             shown = "baseline"
         n = ((c.get("phase_spread") or {}).get("step_wall_time") or {}).get("n")
@@ -274,8 +281,10 @@ def markdown_table(report: dict[str, object]) -> list[str]:
             lines.append(f"| {key[0]} | {key[1]} | "
                          f"{_ratio_cell(timing_ratio(rr, pp, 'step_wall_time', '', policy))} |")
     lines += ["", f"Rule: a ratio is a conclusion only with at least {policy.min_steps} measured "
-              f"steps per cell, a relative spread at most {policy.max_relative_spread:.0%}, "
-              f"usable (uncontaminated) timings and a {level} bootstrap interval excluding 1."]
+              f"steps and {policy.min_processes} processes per cell, a relative spread at most "
+              f"{policy.max_relative_spread:.0%}, usable (uncontaminated) timings and a {level} "
+              "bootstrap interval (processes, then steps) excluding 1; with one process per "
+              "cell no interval is shown."]
     return lines
 
 

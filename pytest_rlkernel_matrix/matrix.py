@@ -334,6 +334,10 @@ class PerformanceSection(_Strict):
 
     min_steps: int = Field(default=5, ge=2, description="measured steps (after warmup) each cell "
                            "needs before its times support a slowdown/speed-up/ratio statement")
+    min_processes: int = Field(default=2, ge=2, description="processes each cell needs before "
+                               "its times support a statement: the interval resamples processes "
+                               "(between-process variation); the built-in session runs one "
+                               "process per cell, so its timings never support one")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
                               description="confidence level of each ratio's bootstrap interval")
     max_relative_spread: float = Field(default=0.5, gt=0, description="largest (max - min) / "

@@ -22,7 +22,17 @@ from pytest_rlkernel_matrix.contamination import (
     read_proc_stat,
 )
 from pytest_rlkernel_matrix.html import render_html
-from pytest_rlkernel_matrix.stats import NOISE, Policy, bootstrap_ratio, compare, summary
+from pytest_rlkernel_matrix.stats import (
+    DIRECTION,
+    NOISE,
+    ONE_PROCESS,
+    Policy,
+    bootstrap_processes,
+    bootstrap_ratio,
+    compare,
+    compare_processes,
+    summary,
+)
 
 # -- statistics: known samples -> known interval and decision ----------------------------------
 
@@ -39,72 +49,186 @@ def test_bootstrap_interval_of_known_samples() -> None:
     assert bootstrap_ratio(a, b) == bootstrap_ratio(a, b)
 
 
+def _procs(steps: list[float], offsets: tuple[float, ...] = (1.0, 1.01, 0.99)) -> list[list[float]]:
+    """The same steps in each of len(offsets) processes, scaled by the process's offset."""
+    return [[v * o for v in steps] for o in offsets]
+
+
 def test_rule_decisions() -> None:
     policy = Policy()
-    slower = compare([10.0, 11.0, 12.0, 13.0, 14.0], [5.0] * 5, policy, "step time, A / B")
+    slow, fast = [10.0, 11.0, 12.0, 13.0, 14.0], [5.0] * 5
+    slower = compare_processes(_procs(slow), _procs(fast), policy, "step time, A / B")
     assert slower.conclusion == "slower" and slower.conclusive
-    assert slower.text() == "step time, A / B 2.40 [2.00, 2.80] 95% CI, n=5/5: slower"
-    assert compare([5.0] * 5, [10.0, 11.0, 12.0, 13.0, 14.0], policy, "x").conclusion == "faster"
+    assert slower.text().startswith("step time, A / B 2.40 [")
+    assert slower.text().endswith("95% CI, n=15/15, 3/3 processes: slower")
+    assert compare_processes(_procs(fast), _procs(slow), policy, "x").conclusion == "faster"
 
-    same = compare([1.0, 1.1, 0.9, 1.05, 0.95], [1.0, 0.95, 1.1, 0.9, 1.05], policy, "x")
+    same = compare_processes(_procs([1.0, 1.1, 0.9, 1.05, 0.95]),
+                             _procs([1.0, 0.95, 1.1, 0.9, 1.05]), policy, "x")
     assert same.conclusion == NOISE and same.reasons == ["the 95% interval includes 1"]
 
-    few = compare([2.0, 2.0], [1.0, 1.0], policy, "x")
+    few = compare_processes([[2.0], [2.0]], [[1.0], [1.0]], policy, "x")
     assert few.conclusion == NOISE
     assert few.reasons == ["numerator has 2 measured steps, minimum 5",
                            "denominator has 2 measured steps, minimum 5"]
     assert few.ratio == 2.0  # the figure is still reported
 
-    noisy = compare([2.13, 18.01, 2.2, 2.3, 2.1], [1.0] * 5, policy, "x")
+    noisy = compare_processes(_procs([2.13, 18.01, 2.2, 2.3, 2.1]), _procs([1.0] * 5), policy,
+                              "x")
     assert noisy.conclusion == NOISE
-    assert noisy.reasons[0].startswith("numerator spread 723% of its median (2.1-18 s) > 50%")
+    assert noisy.reasons[0].startswith("numerator spread 7")
     assert summary([2.0, 4.0, 3.0])["relative_spread"] == pytest.approx(2 / 3)
     # A looser declared limit turns the same samples into a conclusion.
-    assert compare([2.13, 18.01, 2.2, 2.3, 2.1], [1.0] * 5,
-                   Policy(max_relative_spread=10), "x").conclusion == "slower"
+    assert compare_processes(_procs([2.13, 18.01, 2.2, 2.3, 2.1]), _procs([1.0] * 5),
+                             Policy(max_relative_spread=10), "x").conclusion == "slower"
 
 
-def _record(case: str, step: list[float], usable: bool = True) -> dict[str, Any]:
+def test_one_process_per_cell_is_no_conclusion_and_no_interval() -> None:
+    # Steps of one process: however clear the ratio, the variation between processes is not
+    # measured, so no statement and no interval (one over steps would look tighter than it is).
+    r = compare([10.0, 11.0, 12.0, 13.0, 14.0], [5.0] * 5, Policy(), "step time R/R / P/R")
+    assert r.conclusion == ONE_PROCESS and not r.conclusive
+    assert (r.ratio, r.low, r.high) == (pytest.approx(2.4), None, None)
+    assert r.text() == ("step time R/R / P/R 2.40, n=5/5, 1/1 processes: no conclusion: one "
+                        "process per cell, between-process variation not measured")
+    # min_processes is the declared floor: two processes are not enough when it asks for three.
+    two = compare_processes(_procs([10.0] * 5, (1.0, 1.01)), _procs([5.0] * 5, (1.0, 1.01)),
+                            Policy(min_processes=3), "x")
+    assert two.conclusion == NOISE and two.low is None
+    assert two.reasons[0] == "2 processes on a side, minimum 3 ([performance] min_processes)"
+
+
+def test_between_process_variation_widens_the_interval() -> None:
+    steps = [1.0, 1.01, 0.99, 1.005, 0.995]
+    base = _procs(steps)
+    # Three processes that agree: the step-level and process-level intervals are both tight.
+    agree = compare_processes(_procs([1.3 * v for v in steps], (1.0, 1.005, 0.995)), base,
+                              Policy(), "x")
+    assert agree.conclusion == "slower"
+    # Each process is tight, but the processes disagree (1.0x, 1.15x, 1.3x): the hierarchical
+    # interval spans them and includes 1, where the steps of the slowest alone would not.
+    spread = [[v * f for v in steps] for f in (1.0, 1.15, 1.3)]
+    wide = compare_processes(spread, base, Policy(), "x")
+    assert wide.conclusion == NOISE and wide.low is not None and wide.high is not None
+    assert wide.low <= 1.0 <= wide.high and wide.high >= 1.29
+    _, lo_one, hi_one = bootstrap_ratio(spread[2], base[0])
+    assert hi_one - lo_one < (wide.high - wide.low) / 5
+    # Fixed seed: the same processes give the same interval.
+    assert bootstrap_processes(spread, base) == bootstrap_processes(spread, base)
+
+
+def _record(case: str, step: list[float], usable: bool = True,
+            processes: tuple[float, ...] | None = None,
+            phases: tuple[float, float] = (0.5, 0.4)) -> dict[str, Any]:
+    """A record as report.py writes it; `processes`: per-process offsets (None: one process,
+    no `processes` key, as the built-in session writes); `phases`: rollout and training times
+    as fractions of the step."""
     med = sorted(step)[len(step) // 2]
-    spread = {k: {"n": len(step), "min": min(step) * f, "max": max(step) * f, "median": med * f,
-                  "steps": [s * f for s in step]}
-              for k, f in (("step_wall_time", 1.0), ("rollout_wall_time", 0.5),
-                           ("training_wall_time", 0.4))}
+    spread: dict[str, Any] = {}
+    for k, f in (("step_wall_time", 1.0), ("rollout_wall_time", phases[0]),
+                 ("training_wall_time", phases[1])):
+        spread[k] = {"n": len(step), "min": min(step) * f, "max": max(step) * f,
+                     "median": med * f, "steps": [s * f for s in step]}
+        if processes is not None:
+            spread[k]["processes"] = [[s * f * o for s in step] for o in processes]
+            spread[k]["n"] = len(step) * len(processes)
     return {"hardware": "cpu", "module": "attention", "case": case, "verdict": "valid",
             "mismatch_count": 0, "performance_usable": usable,
             "validity": {"performance": {"reasons": [] if usable else ["contaminated: test"]}},
-            "step_wall_time": med, "rollout_wall_time": med * 0.5,
-            "training_wall_time": med * 0.4, "phase_spread": spread}
+            "step_wall_time": med, "rollout_wall_time": med * phases[0],
+            "training_wall_time": med * phases[1], "phase_spread": spread}
+
+
+SLOW = [2.0, 2.1, 2.05, 1.95, 2.02]
+FAST = [1.0, 1.02, 0.98, 1.01, 0.99]
+PROCS = (1.0, 1.01, 0.99)
 
 
 def test_attribution_states_only_what_the_interval_supports() -> None:
-    slow = [2.0, 2.1, 2.05, 1.95, 2.02]
-    fast = [1.0, 1.02, 0.98, 1.01, 0.99]
-    cells = [_record("R/R", slow), _record("P/R", fast), _record("R/P", slow),
-             _record("P/P", fast)]
+    # R trains slower (R/R's training phase 1.31 s against P/R's 0.40 s) and that carries
+    # R/R's longer step; R/P runs like R/R (its processes a little apart): no rollout statement.
+    rr_phases = (0.25, 0.65)
+    cells = [_record("R/R", SLOW, processes=PROCS, phases=rr_phases),
+             _record("P/R", FAST, processes=PROCS),
+             _record("R/P", SLOW, processes=(1.0, 1.02, 0.98), phases=rr_phases),
+             _record("P/P", FAST, processes=PROCS)]
     entry = attribute(cells)[0]
-    assert "R on the training side 102% slower in training than P (training time R/R / P/R " \
-        "2.02 [" in entry["conclusion"]
+    assert "R on the training side 228% slower in training than P (training time R/R / P/R " \
+        "3.28 [" in entry["conclusion"]
+    assert "R on the training side 102% slower in step than P (step time R/R / P/R 2.02 [" \
+        in entry["conclusion"]
+    assert "step statement" not in entry["conclusion"]
+    assert entry["conclusion"].endswith(f"({DIRECTION})")
     rollout = next(r for r in entry["timing"] if r["label"] == "rollout time R/R / R/P")
     assert rollout["conclusion"] == NOISE and rollout["low"] <= 1 <= rollout["high"]
 
     # Contaminated timings never support a statement, whatever the interval says.
-    cells[1] = _record("P/R", fast, usable=False)
+    cells[1] = _record("P/R", FAST, usable=False, processes=PROCS)
     entry = attribute(cells)[0]
-    assert "slower" not in entry["conclusion"] and "faster" not in entry["conclusion"]
+    assert "R on the" not in entry["conclusion"]
     assert "no conclusion: noise or contamination (P/R timings not usable" in entry["conclusion"]
     r = timing_ratio(cells[0], cells[1], "step_wall_time", "step", Policy())
     assert r.conclusion == NOISE and r.reasons[-1].startswith("denominator P/R timings not usable")
 
 
-def test_table_names_the_ratio_and_shows_the_interval() -> None:
-    cells = [_record("R/R", [2.0, 2.1, 2.05, 1.95, 2.02]),
-             _record("P/P", [1.0, 1.02, 0.98, 1.01, 0.99])]
+def test_single_process_cells_give_no_performance_statement() -> None:
+    # What the built-in session writes (one process per cell): figures, no statement.
+    cells = [_record("R/R", SLOW), _record("P/R", FAST), _record("R/P", SLOW),
+             _record("P/P", FAST)]
+    text = attribute(cells)[0]["conclusion"]
+    assert f"; {ONE_PROCESS} (step time R/R / P/R 2.02, n=5/5, 1/1 processes; " in text
+    assert "R on the" not in text and "CI" not in text and "% slower" not in text
+
+
+def test_step_difference_carried_by_the_other_phase_is_no_side_statement() -> None:
+    # Only the training side differs between R/R and P/R, and R trains 2x slower; but P/R's
+    # rollout (R in both cells) took 3x longer, so P/R's step is the longer one. The step
+    # difference is the rollout phase's: no training-side step statement, the phase is named.
+    rr = _record("R/R", [3.1] * 5, processes=PROCS, phases=(1.0 / 3.1, 2.0 / 3.1))
+    pr = _record("P/R", [4.1] * 5, processes=PROCS, phases=(3.0 / 4.1, 1.0 / 4.1))
+    cells = [rr, pr, _record("R/P", [3.1] * 5, processes=(1.0, 1.02, 0.98),
+                             phases=(1.0 / 3.1, 2.0 / 3.1)),
+             _record("P/P", [3.1] * 5, processes=PROCS, phases=(1.0 / 3.1, 2.0 / 3.1))]
+    entry = attribute(cells)[0]
+    text = entry["conclusion"]
+    assert "R on the training side 100% slower in training than P" in text
+    assert "in step than P" not in text
+    assert ("no training-side step statement: the step difference (R/R - P/R -1 s) is not "
+            "carried by the training phase (+1 s); the rollout phase carries it (-2 s), which runs "
+            "the same rollout side in both cells") in text
+    step = next(r for r in entry["timing"] if r["label"] == "step time R/R / P/R")
+    assert step["conclusion"] == "no statement: not carried by the training phase"
+    assert step["ratio"] == pytest.approx(3.1 / 4.1) and step["low"] < step["high"] < 1
+
+
+def test_table_and_terminal_give_one_ratio_in_one_direction() -> None:
+    rr_phases = (0.25, 0.65)  # R/R's longer step is its training phase's
+    cells = [_record("R/R", SLOW, processes=PROCS, phases=rr_phases),
+             _record("P/R", FAST, processes=PROCS),
+             _record("R/P", SLOW, processes=(1.0, 1.02, 0.98), phases=rr_phases),
+             _record("P/P", FAST, processes=PROCS)]
     text = "\n".join(markdown_table({"cells": cells}))
-    assert "step time, this cell / R/R baseline [95% CI]" in text
+    assert f"step time, R/R baseline / this cell ({DIRECTION}) [95% CI]" in text
     assert "step time, R/R run / this module's P/P run (R over P for the module, not the case " \
         "R/P)" in text
-    assert "| 0.50 [0.48, 0.51] faster |" in text and "| 2.02 [1.95, 2.10] slower |" in text
+    entry = attribute(cells)[0]
+    step = next(r for r in entry["timing"] if r["label"] == "step time R/R / P/R")
+    shown = f"{step['ratio']:.2f} [{step['low']:.2f}, {step['high']:.2f}] slower"
+    row = next(line for line in text.splitlines() if "| P/R |" in line)
+    assert row.endswith(f"| {shown} |") and step["ratio"] > 1, (row, shown)
+    assert f"step time R/R / P/R {shown.removesuffix(' slower')} 95% CI" in entry["conclusion"]
+    # A step ratio the side's phase does not carry: no statement in either place.
+    cells[0] = _record("R/R", SLOW, processes=PROCS)
+    entry = attribute(cells)[0]
+    assert "no training-side step statement" in entry["conclusion"]
+    row = next(line for line in markdown_table({"cells": cells}) if "| P/R |" in line)
+    assert row.endswith(" no statement: not carried by the training phase |"), row
+    # One process per cell: both say no conclusion, with the same figure.
+    single = [_record("R/R", SLOW), _record("P/R", FAST), _record("R/P", SLOW),
+              _record("P/P", FAST)]
+    row = next(line for line in markdown_table({"cells": single}) if "| P/R |" in line)
+    assert row.endswith(f"| 2.02 {ONE_PROCESS} |"), row
+    assert "step time R/R / P/R 2.02, n=5/5" in attribute(single)[0]["conclusion"]
 
 
 def test_phase_bars_have_whiskers_and_step_counts() -> None:
