@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix import __version__
+from pytest_rlkernel_matrix.terms import plural
 
 
 def _matrix_file(option: str | None) -> Path | None:
@@ -129,7 +130,7 @@ def preflight_summary(data: dict[str, object], target: Path, matrix_path: Path |
     torch = probe.get("torch") or {}
     names = sorted({str(n) for n in gpu.get("names") or []})
     count = int(gpu.get("count") or 0)
-    gpus = f"{count} GPU(s): {', '.join(names)}" if count else "no GPU"
+    gpus = f"{plural(count, 'GPU')}: {', '.join(names)}" if count else "no GPU"
     machine = f"backend {gpu.get('backend') or 'cpu'}, {gpus}; torch {torch.get('version') or '-'}"
     lines = [f"preflight: {target}", *_wrap("  machine:      ", machine, width - 1)]
     rocm = data.get("rocm") or {}
@@ -187,14 +188,15 @@ def summary_line(report: dict[str, object], path: Path) -> str:
     state = ("interrupted" if report.get("interrupted")
              else "complete" if report.get("complete") else "incomplete")
     of = f" of {expected}" if expected is not None else ""
-    return f"{counts} in {len(cells)}{of} cells ({state}): {path}"  # type: ignore[arg-type]
+    noun = "cell" if (expected if expected is not None else len(cells)) == 1 else "cells"
+    return f"{counts} in {len(cells)}{of} {noun} ({state}): {path}"  # type: ignore[arg-type]
 
 
 def _report(args: argparse.Namespace) -> int:
     from pytest_rlkernel_matrix.reanalyze import reanalyze
 
     root = Path(args.matrix_root)
-    from pytest_rlkernel_matrix.rootlock import RootBusy, claim
+    from pytest_rlkernel_matrix.rootlock import RootError, claim
 
     empty = f"rlk-matrix: {root} holds no matrix run (no */*/cell-run.json)"
     if not root.is_dir():
@@ -202,7 +204,7 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     try:
         lock = claim(root, "rlk-matrix")  # never rewrite a report under a running session
-    except RootBusy as exc:
+    except RootError as exc:
         print(f"rlk-matrix: {exc}", file=sys.stderr)
         return 2
     try:

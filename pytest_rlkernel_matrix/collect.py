@@ -76,7 +76,13 @@ class MatrixItem(pytest.Function):
                      f"{rec['verdict']} (mode {rec.get('mode')})"]
             lines += [f"  - {r}" for r in rec.get("reasons", [])]
             if rec.get("artifact_dir"):
-                lines.append(f"  artifacts: {rec['artifact_dir']}")
+                from pytest_rlkernel_matrix.plugin import _run_log
+
+                root = self.config.stash[SESSION_KEY].root
+                lines.append(f"  artifacts: {root / rec['artifact_dir']}")
+                log = _run_log(root, rec)
+                if log is not None:
+                    lines.append(f"  run.log: {log}")
             return "\n".join(lines)
         return super().repr_failure(excinfo)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from pytest_rlkernel_matrix.merge import CellKey, cell_key
 from pytest_rlkernel_matrix.report import cell_order
+from pytest_rlkernel_matrix.terms import plural
 
 COMPARE_SCHEMA = "rlk-matrix.compare.v1"
 TIMES = ("step_wall_time", "rollout_wall_time", "training_wall_time")
@@ -207,8 +208,8 @@ def render(comparison: Mapping[str, Any]) -> list[str]:
                   "and build fingerprints):", *notes]
     skipped = comparison["times_not_compared"]
     if skipped and comparison["thresholds"]["max_time_increase_pct"] is not None:
-        lines.append(f"note: --max-time-increase-pct not applied to {skipped} cell(s) whose "
-                     "times are not comparable")
+        lines.append(f"note: --max-time-increase-pct not applied to "
+                     f"{plural(skipped, 'cell')} whose times are not comparable")
     for side in ("old", "new"):
         only = comparison[f"only_{side}"]
         if only:
@@ -218,6 +219,6 @@ def render(comparison: Mapping[str, Any]) -> list[str]:
     for v in comparison["violations"]:
         lines.append(f"VIOLATION {v['check']}: {v['message']}")
     gate = comparison["gate"]
-    lines.append(f"gate: {gate}" + (f" ({len(comparison['violations'])} violation(s))"
+    lines.append(f"gate: {gate}" + (f" ({plural(len(comparison['violations']), 'violation')})"
                                     if gate == "failed" else ""))
     return lines

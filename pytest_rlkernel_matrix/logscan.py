@@ -84,6 +84,11 @@ CONTAMINATION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 
 
+_ERRORISH = re.compile(r"error|exception|fatal|fail|traceback|no such file|not found|denied|"
+                       r"abort|killed|usage:", re.IGNORECASE)
+TAIL_LINES = 20
+
+
 def _prefilter() -> re.Pattern[str]:
     """One alternation of every trigger below: a line matching none is skipped after one search
     (3-4x faster than trying each pattern; the full checks run only on candidate lines)."""
@@ -129,6 +134,15 @@ class LogScan:
     long_lines: int = 0
     dropped_lines: int = 0
     problems: list[str] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)  # the last non-empty lines
+
+    @property
+    def last_error(self) -> str | None:
+        """The last line of the log's tail that reads like an error, else its last line."""
+        for line in reversed(self.tail):
+            if _ERRORISH.search(line):
+                return line.strip()[:500]
+        return self.tail[-1].strip()[:500] if self.tail else None
 
     @property
     def fatal(self) -> dict[str, str]:
@@ -224,10 +238,13 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
         return scan
     scan.present = True
     tb: deque[str] | None = None
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
     with handle:
         for line in _lines(handle, max_line, scan):
             line = line.rstrip("\r")
             scan.lines += 1
+            if line.strip():
+                tail.append(line)
             if tb is not None:
                 tb.append(line)
                 if line and not line.startswith((" ", "\t")) and not line.startswith("Traceback"):
@@ -276,4 +293,5 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
                     scan.contamination[label] = line.strip()[:500]
     if tb is not None:
         scan.traceback = "\n".join(tb)
+    scan.tail = list(tail)
     return scan

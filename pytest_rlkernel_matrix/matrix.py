@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pytest_rlkernel_matrix.terms import CASES, MODULES
+from pytest_rlkernel_matrix.terms import CASES, MODULES, plural
 
 Module = Literal["attention", "ffn", "logp", "comm"]
 Mode = Literal["strict", "audit", "auto", "off"]
@@ -398,7 +398,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 def format_validation_error(path: Path, error: ValidationError) -> str:
     """One paragraph: file, then `key.path: what was expected (got ...)` per problem."""
-    lines = [f"{path}: invalid matrix file ({error.error_count()} problem(s)):"]
+    lines = [f"{path}: invalid matrix file ({plural(error.error_count(), 'problem')}):"]
     for item in error.errors(include_url=False):
         loc = _loc(tuple(item["loc"]))
         msg = item["msg"].removeprefix("Value error, ")

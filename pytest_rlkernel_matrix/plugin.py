@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from pytest_rlkernel_matrix.collect import (
     MatrixFileNode,
     MatrixItem,
 )
-from pytest_rlkernel_matrix.terms import LAYOUTS, MODES
+from pytest_rlkernel_matrix.terms import LAYOUTS, MODES, plural
 
 if TYPE_CHECKING:
     from pytest_rlkernel_matrix.session import MatrixSession
@@ -48,7 +49,8 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rlkernel-matrix", "RL-Kernel train/rollout ablation matrix")
     group.addoption("--rlk-matrix", metavar="PATH", default=None,
-                    help="matrix file to run (default: the rlk_matrix ini value, matrix.toml)")
+                    help="matrix file to run (default: the rlk_matrix ini value, else "
+                    "matrix.toml in the rootdir when it exists)")
     group.addoption("--rlk-hardware", metavar="NAME[,NAME]", default=None,
                     help="hardware profile(s) to run; default: the profile preflight detects")
     group.addoption("--rlk-mode", choices=MODES, default=None,
@@ -60,16 +62,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "outputs/rlkernel/ablation-matrix-$MATRIX_STAMP next to the matrix file)")
     group.addoption("--rlk-plan", action="store_true", default=False,
                     help="print each cell's env and command; run nothing")
-    parser.addini("rlk_matrix", "matrix file collected by default", default="matrix.toml")
+    # Default "": unset, the rootdir's matrix.toml is used only if it exists (a project without
+    # one is left alone); a file named here or by --rlk-matrix must exist.
+    parser.addini("rlk_matrix", "matrix file collected by default (default: matrix.toml in the "
+                  "rootdir, when it exists)", default="")
     parser.addini("rlk_progress_interval", "seconds between progress lines of a running cell",
                   default="30")
 
 
+DEFAULT_MATRIX = "matrix.toml"
+
+
 def _matrix_path(config: pytest.Config) -> tuple[Path, bool]:
+    """The matrix file of this session and whether `--rlk-matrix` named it."""
     option = config.getoption("rlk_matrix")
     if option:
         return Path(option).expanduser().resolve(), True
-    return (config.rootpath / str(config.getini("rlk_matrix"))).resolve(), False
+    return (config.rootpath / (_ini_matrix(config) or DEFAULT_MATRIX)).resolve(), False
+
+
+def _ini_matrix(config: pytest.Config) -> str:
+    """The `rlk_matrix` ini value ("" when no ini file or `-o` sets it)."""
+    return str(config.getini("rlk_matrix") or "").strip()
+
+
+def _no_matrix(config: pytest.Config, path: Path, explicit: bool) -> bool:
+    """No matrix file named and the default one absent: a session of another project."""
+    return not explicit and not _ini_matrix(config) and not path.exists()
 
 
 def _in_play(config: pytest.Config, path: Path) -> bool:
@@ -85,14 +104,8 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
               raw_dir: Path | None) -> tuple[list[str], dict[str, Any]]:
     from pytest_rlkernel_matrix import preflight as pf
 
-    asked = config.getoption("rlk_hardware")
-    names = [n.strip() for n in asked.split(",") if n.strip()] if asked else []
-    unknown = [n for n in names if n not in matrix.hardware]
-    if unknown:
-        raise pytest.UsageError(
-            f"{path}: --rlk-hardware names {', '.join(unknown)}, but the file declares only "
-            f"[hardware.{'], [hardware.'.join(matrix.hardware)}]"
-        )
+    names = _asked(config)
+    _check_names(names, matrix, path)
     if plan and names:
         return names, {}
     profile_topology = matrix.hardware[names[0]].topology.model_dump() if names else None
@@ -140,6 +153,20 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
     return names, data
 
 
+def _asked(config: pytest.Config) -> list[str]:
+    asked = config.getoption("rlk_hardware")
+    return [n.strip() for n in asked.split(",") if n.strip()] if asked else []
+
+
+def _check_names(names: list[str], matrix: Any, path: Path) -> None:
+    unknown = [n for n in names if n not in matrix.hardware]
+    if unknown:
+        raise pytest.UsageError(
+            f"{path}: --rlk-hardware names {', '.join(unknown)}, but the file declares only "
+            f"[hardware.{'], [hardware.'.join(matrix.hardware)}]"
+        )
+
+
 def _check_topology(path: Path, matrix: Any, names: list[str], data: dict[str, Any]) -> None:
     """A GPU profile's cell needs `gpus_per_cell` (default tp*cp*pp) visible devices."""
     count = int((data.get("gpu") or {}).get("count") or 0)
@@ -148,7 +175,7 @@ def _check_topology(path: Path, matrix: Any, names: list[str], data: dict[str, A
         need = profile.topology.devices_per_cell
         if profile.backend != "cpu" and need > 1 and count < need:
             raise pytest.UsageError(
-                f"{path}: hardware.{name}.topology asks for {need} GPU(s) per cell "
+                f"{path}: hardware.{name}.topology asks for {plural(need, 'GPU')} per cell "
                 f"(tp={profile.topology.tp}, cp={profile.topology.cp}, pp={profile.topology.pp}"
                 f", gpus_per_cell={profile.topology.gpus_per_cell}), but preflight sees "
                 f"{count} on this machine"
@@ -156,9 +183,11 @@ def _check_topology(path: Path, matrix: Any, names: list[str], data: dict[str, A
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    path, explicit = _matrix_path(config)
+    if _no_matrix(config, path, explicit):
+        return  # installed in an environment, not used by this project: add nothing
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    path, explicit = _matrix_path(config)
     if explicit and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(path)]
     elif explicit and not _in_play(config, path):
@@ -191,36 +220,37 @@ def pytest_configure(config: pytest.Config) -> None:
         session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
     else:
         root = default_root(path, config.getoption("rlk_matrix_root"), os.environ)
-        lock = None
+        _check_names(_asked(config), matrix, path)  # what can be checked before the root
+        undo: Callable[[], None] = lambda: None  # noqa: E731
         if not dry:
             # One session per matrix root, claimed before anything is written or probed.
-            from pytest_rlkernel_matrix.rootlock import RootBusy, claim
+            undo = _claim_root(config, root)
+        try:
+            for name in (PREFLIGHT_FILE, "matrix-report.json", "matrix-report.html"):
+                if not dry and (root / name).exists():
+                    raise pytest.UsageError(
+                        f"matrix root {root} already holds {name} from another session: "
+                        "artifacts are never overwritten; pass a new --rlk-matrix-root or "
+                        "MATRIX_STAMP"
+                    )
+            raw_dir = None if dry else root / "preflight-raw"
+            if raw_dir is not None:
+                raw_dir.mkdir(parents=True, exist_ok=True)
+            hardware, data = _hardware(config, matrix, path, plan, raw_dir)
+            session = MatrixSession(matrix=matrix, matrix_path=path, root=root,
+                                    hardware=hardware, mode=mode, layout=layout, plan=plan,
+                                    preflight=data, dry=dry)
+            if data:
+                from pytest_rlkernel_matrix import preflight as pf
 
-            try:
-                lock = claim(root)
-            except RootBusy as exc:
-                raise pytest.UsageError(str(exc)) from None
-            config.add_cleanup(lock.release)
-        for name in (PREFLIGHT_FILE, "matrix-report.json", "matrix-report.html"):
-            if not dry and (root / name).exists():
-                raise pytest.UsageError(
-                    f"matrix root {root} already holds {name} from another session: "
-                    "artifacts are never overwritten; pass a new --rlk-matrix-root or "
-                    "MATRIX_STAMP"
-                )
-        raw_dir = None if dry else root / "preflight-raw"
-        if raw_dir is not None:
-            raw_dir.mkdir(parents=True, exist_ok=True)
-        hardware, data = _hardware(config, matrix, path, plan, raw_dir)
-        session = MatrixSession(matrix=matrix, matrix_path=path, root=root, hardware=hardware,
-                                mode=mode, layout=layout, plan=plan, preflight=data, dry=dry)
-        if data:
-            from pytest_rlkernel_matrix import preflight as pf
-
-            hw_fp, build_fp = pf.fingerprint(data)
-            session.fingerprints = {"hardware_fingerprint": hw_fp, "build_fingerprint": build_fp}
-        if not dry:
-            session.write_json(root / PREFLIGHT_FILE, data)
+                hw_fp, build_fp = pf.fingerprint(data)
+                session.fingerprints = {"hardware_fingerprint": hw_fp,
+                                        "build_fingerprint": build_fp}
+            if not dry:
+                session.write_json(root / PREFLIGHT_FILE, data)
+        except BaseException:
+            undo()  # a usage error (or worse) before the session began leaves nothing behind
+            raise
     config.stash[SESSION_KEY] = session
     if not session.dry:
         _take_signals(config, session, worker is None)
@@ -236,6 +266,48 @@ def pytest_configure(config: pytest.Config) -> None:
 
     pytest_html.install(config)
     json_report.install(config)
+
+
+def _claim_root(config: pytest.Config, root: Path) -> Callable[[], None]:
+    """Take `root`'s session lock (a usage error naming the root when it is busy, a file, under
+    a file or not writable). Returns the undo for a session that stops before it begins: it
+    removes only what this session created (its preflight-raw/, the lock file, the root and
+    the parents it made, when left empty) and releases the lock."""
+    import shutil
+
+    from pytest_rlkernel_matrix.rootlock import LOCK_FILE, RootError, claim
+
+    made: list[Path] = []
+    for folder in (root, *root.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        made.append(folder)
+    lock_file, raw = root / LOCK_FILE, root / "preflight-raw"
+    fresh_lock, fresh_raw = not lock_file.exists(), not raw.exists()
+    try:
+        lock = claim(root)
+    except RootError as exc:
+        for folder in made:  # a root created before its lock file failed
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise pytest.UsageError(str(exc)) from None
+    config.add_cleanup(lock.release)
+
+    def undo() -> None:
+        if fresh_raw and raw.is_dir():
+            shutil.rmtree(raw, ignore_errors=True)
+        if fresh_lock:  # removed while still held: no other session can have claimed it
+            lock_file.unlink(missing_ok=True)
+        lock.release()
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    return undo
 
 
 def _take_signals(config: pytest.Config, session: MatrixSession, controller: bool) -> None:
@@ -313,8 +385,19 @@ def _session(config: pytest.Config) -> MatrixSession | None:
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     session = _session(parent.config)
     if session is not None and file_path.resolve() == session.matrix_path:
-        return MatrixFileNode.from_parent(parent, path=file_path)
+        # Outside the rootdir pytest would give the file an empty node id (`::cpu::...`).
+        nodeid = matrix_nodeid(parent.config, session.matrix_path)
+        return MatrixFileNode.from_parent(parent, path=file_path, nodeid=nodeid)
     return None
+
+
+def matrix_nodeid(config: pytest.Config, path: Path) -> str:
+    """The matrix file's node id: its path relative to the rootdir (`../m.toml` outside it)."""
+    try:
+        rel = str(path.relative_to(config.rootpath))
+    except ValueError:
+        rel = os.path.relpath(path, config.rootpath)
+    return rel.replace(os.sep, "/")
 
 
 class MatrixHooks:
@@ -324,6 +407,7 @@ class MatrixHooks:
         self.config = config
         self.session = session
         self.is_worker = hasattr(config, "workerinput")
+        self.planned: list[pytest.Item] = []
 
     def pytest_report_header(self) -> list[str]:
         probe = self.session.preflight.get("probe") or {}
@@ -342,10 +426,10 @@ class MatrixHooks:
         if ms.plan:
             writer = self.config.get_terminal_writer()
             writer.line("")
-            writer.line(f"# rlk plan: {len(cells)} cells, matrix root {ms.root}")
+            writer.line(f"# rlk plan: {plural(len(cells), 'cell')}, matrix root {ms.root}")
             writer.line(ms.plan_text(cells, ms.mode))
-            matrix_items = [i for i in items if isinstance(i, MatrixItem)]
-            self.config.hook.pytest_deselected(items=matrix_items)
+            # Planned, not deselected: they leave the run and the final line says so.
+            self.planned = [i for i in items if isinstance(i, MatrixItem)]
             items[:] = [i for i in items if not isinstance(i, MatrixItem)]
         elif not self.is_worker and not ms.dry and ms.matrix.runner.launcher == "slurm":
             # Every selected cell is queued now; each item then waits for its own job.
@@ -403,6 +487,9 @@ class MatrixHooks:
                           f"({state})")
             for reason in rec.get("reasons", [])[:6]:
                 tr.write_line(f"    {reason}")
+            log = _run_log(ms.root, rec)
+            if log is not None:
+                tr.write_line(f"    run.log: {log}")
         from pytest_rlkernel_matrix.attribution import attribute
 
         for entry in attribute(list(ms.records.values())):
@@ -411,7 +498,10 @@ class MatrixHooks:
 
         for flag in node_fingerprint_groups(list(ms.records.values()))["flags"]:
             tr.write_line(f"node fingerprints: {flag}")
+        from pytest_rlkernel_matrix.html import HTML_FILE
+
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
+        tr.write_line(f"matrix report (HTML): {ms.root / HTML_FILE}")
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tears its workers down
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -420,6 +510,12 @@ class MatrixHooks:
             return
         if ms.plan and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             session.exitstatus = pytest.ExitCode.OK
+        if ms.plan and self.planned:
+            # Reports (other plugins read every entry of the stats) of items that did not run.
+            planned = [pytest.TestReport(nodeid=i.nodeid, location=i.location, keywords={},
+                                         outcome="passed", longrepr=None, when="call")
+                       for i in self.planned]
+            self._count("cell planned" if len(planned) == 1 else "cells planned", planned)
         if ms.dry:
             return
         ms.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
@@ -431,10 +527,47 @@ class MatrixHooks:
             left = ms.stop_everything()
             if left:
                 self.config.get_terminal_writer().line(
-                    f"rlk: stopped {len(left)} process(es) left by cells: "
+                    f"rlk: stopped {plural(len(left), 'process', 'processes')} left by cells: "
                     f"{', '.join(map(str, left[:20]))}")
+            before = set(ms.records)
             ms.recover_records()
             ms.write_report()
+        self._count_recovered([ms.records[k] for k in ms.records if k not in before])
+
+    def _count(self, key: str, entries: list[Any]) -> None:
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None and entries:
+            reporter.stats.setdefault(key, []).extend(entries)
+
+    def _count_recovered(self, records: list[dict[str, Any]]) -> None:
+        """Cells recorded at session end (interrupted, or a worker that died) never got a test
+        report: count them as reports of their items, so that the final line and the short test
+        summary agree with matrix-report.json."""
+        ms = self.session
+        file_id = matrix_nodeid(self.config, ms.matrix_path)
+        for rec in records:
+            name = f"{rec['module']}[{rec['case']}]"
+            nodeid = f"{file_id}::{rec['hardware']}::{name}"
+            failed = bool(rec.get("failed"))
+            lines = [f"{rec['hardware']} {rec['module']} {rec['case']}: verdict "
+                     f"{rec['verdict']} (mode {rec.get('mode')}), recorded at session end"]
+            lines += [f"  - {r}" for r in rec.get("reasons", [])]
+            report = pytest.TestReport(
+                nodeid=nodeid, location=(file_id, 0, f"{rec['hardware']}::{name}"),
+                keywords={}, outcome="failed" if failed else "passed",
+                longrepr="\n".join(lines) if failed else None, when="call")
+            report.rlk_verdict = rec["verdict"]  # type: ignore[attr-defined]
+            verdict = str(rec["verdict"])
+            self._count("skipped" if verdict == "not_run" else verdict, [report])
+
+
+def _run_log(root: Path, rec: dict[str, Any]) -> Path | None:
+    """The run.log of a cell that exited non-zero (or timed out), where one was written."""
+    ran_badly = rec.get("exit_code") not in (0, None) or rec.get("timed_out")
+    if not rec.get("artifact_dir") or not ran_badly:
+        return None
+    log = root / str(rec["artifact_dir"]) / "run.log"
+    return log if log.is_file() else None
 
 
 # -- fixtures -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.redact import Scrubber
 from pytest_rlkernel_matrix.runner import RunResult
 from pytest_rlkernel_matrix.stats import Policy as PerformancePolicy
-from pytest_rlkernel_matrix.terms import ALL_MODULES
+from pytest_rlkernel_matrix.terms import ALL_MODULES, plural
 from pytest_rlkernel_matrix.verdict import Decision, Policy, contract_id, decide
 
 REPORT_SCHEMA = "rlk-matrix.report.v1"
@@ -262,7 +262,7 @@ def node_fingerprint_groups(records: Sequence[Mapping[str, Any]]) -> dict[str, A
         out["groups"][hardware] = list(by_fp.values())
         if len(by_fp) > 1:
             parts = [f"hardware {g['hardware_fingerprint']} / build {g['build_fingerprint']} "
-                     f"on {', '.join(g['nodes']) or '?'} ({len(g['cells'])} cells)"
+                     f"on {', '.join(g['nodes']) or '?'} ({plural(len(g['cells']), 'cell')})"
                      for g in by_fp.values()]
             out["flags"].append(
                 f"{hardware}: cells ran on nodes with different fingerprints: "

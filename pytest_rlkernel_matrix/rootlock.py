@@ -24,8 +24,33 @@ from pytest_rlkernel_matrix.redact import Scrubber
 LOCK_FILE = ".rlk-session.lock"
 
 
-class RootBusy(Exception):
+class RootError(Exception):
+    """The matrix root cannot be claimed (the message names it and says why)."""
+
+
+class RootBusy(RootError):
     """Another process holds the matrix root."""
+
+
+class RootUnusable(RootError):
+    """The matrix root is not a directory this process can write: a file, under a file,
+    read-only, not permitted."""
+
+
+def unusable(root: Path, exc: OSError) -> str:
+    """Why `root` cannot hold a matrix run, naming the path at fault."""
+    for path in (root, *root.parents):
+        try:
+            is_other = path.exists() and not path.is_dir()
+        except OSError:
+            is_other = False
+        if is_other:
+            where = "is" if path == root else f"lies under {path}, which is"
+            return (f"matrix root {root} {where} a file, not a directory: pass a directory "
+                    "as --rlk-matrix-root (or MATRIX_ROOT)")
+    reason = exc.strerror or type(exc).__name__
+    return (f"matrix root {root} cannot be written: {reason}: {exc.filename or root} "
+            "(pass a writable directory as --rlk-matrix-root, or MATRIX_ROOT)")
 
 
 @dataclass
@@ -55,10 +80,14 @@ def holder(path: Path) -> str:
 
 
 def claim(root: Path, what: str = "pytest") -> RootLock:
-    """Take `root`'s lock without waiting, or raise RootBusy naming the root and the holder."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Take `root`'s lock without waiting, or raise RootBusy naming the root and the holder
+    (RootUnusable when the root is a file, under a file or not writable)."""
     path = root / LOCK_FILE
-    handle = path.open("a+", encoding="utf-8")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+", encoding="utf-8")
+    except OSError as exc:
+        raise RootUnusable(unusable(root, exc)) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -13,3 +13,8 @@ LAYOUTS: tuple[str, ...] = ("pairwise", "reduced", "module-factorial", "full")
 VERDICTS: tuple[str, ...] = (
     "valid", "unsupported", "fallback", "contract_mismatch", "incomparable", "error",
 )
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 cell`, `2 cells`, `0 cells`; `many` for irregular plurals (`process`, `processes`)."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"

@@ -27,6 +27,7 @@ from pytest_rlkernel_matrix.evidence import SIDES, Evidence, Route, side_of
 from pytest_rlkernel_matrix.matrix import ExpectedGap
 from pytest_rlkernel_matrix.runner import RunResult
 from pytest_rlkernel_matrix.stats import Policy as PerformancePolicy
+from pytest_rlkernel_matrix.terms import plural
 
 IMPLEMENTATION = {"P": "production", "R": "rl_kernel"}
 UNSUPPORTED_CLASSES = (
@@ -279,7 +280,7 @@ def _judge_semantic(ev: Evidence, mode: str, policy: Policy) -> Judgement:
                  f"{policy.min_active_tokens} (matrix.toml)")
     for rank, n in sorted(ev.samples_per_rank.items()):
         if n < policy.min_samples_per_rank:
-            sem.fail(f"coverage: rank {rank} holds {n} logprob sample(s), below "
+            sem.fail(f"coverage: rank {rank} holds {plural(n, 'logprob sample')}, below "
                      f"min_samples_per_rank={policy.min_samples_per_rank} (matrix.toml)")
     for source, rid in sorted(ev.run_ids.items()):
         if policy.run_id is not None and rid != policy.run_id:
@@ -330,7 +331,7 @@ def _judge_ranks(ev: Evidence, sem: Judgement) -> None:
         elif len(sizes) == 1:
             tp, cp = next(iter(sizes))
             if world % (tp * cp):
-                sem.fail(f"{world} rank(s) is not a multiple of tp*cp = {tp}*{cp}")
+                sem.fail(f"{plural(world, 'rank')}: not a multiple of tp*cp = {tp}*{cp}")
 
 
 def parse_contract(value: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -623,9 +624,11 @@ def decide(
     elif run.exit_code not in (0, None):
         detail = "; ".join(f"{k}: {v}" for k, v in ev.log.errors.items())
         tail = (ev.log.traceback or "").strip().splitlines()[-1:] if ev.log.traceback else []
+        last = None if tail else ev.log.last_error
         run_errors.append(
             f"exit code {run.exit_code}" + (f" ({detail})" if detail else "")
             + (f"; last traceback line: {tail[0]}" if tail else "")
+            + (f"; run.log: {last}" if last and last not in detail else "")
         )
     else:
         fatal = ev.log.fatal

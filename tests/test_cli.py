@@ -146,7 +146,7 @@ def test_compare_drift_thresholds(copy_report: Callable[..., Path], flags: tuple
     assert "2,310 -> 2,410 (+100)" in proc.stdout
     if check:
         assert f"VIOLATION {check}: cpu attention P/R:" in proc.stdout
-        assert "gate: failed (1 violation(s))" in proc.stdout
+        assert "gate: failed (1 violation)" in proc.stdout
 
 
 def _slower(r: dict[str, Any]) -> None:
@@ -195,7 +195,7 @@ def test_compare_incomparable_timing_explained(tmp_path: Path,
     assert ("times not compared: build fingerprint differs (cd82d67f6d84dac3 vs "
             "0000000000000000)") in proc.stdout
     assert "%" not in "".join(proc.stdout.splitlines()[2:14])  # no percentage in the table
-    assert "--max-time-increase-pct not applied to 12 cell(s)" in proc.stdout
+    assert "--max-time-increase-pct not applied to 12 cells" in proc.stdout
     result = json.loads((tmp_path / "c.json").read_text())
     assert result["times_not_compared"] == 12
     assert all(c["times"]["step_wall_time"]["pct"] is None for c in result["cells"])

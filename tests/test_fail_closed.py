@@ -312,7 +312,7 @@ def test_coverage_below_the_declared_minimum(tmp_path: Path) -> None:
                                              "backend": "cpu"})
     rec = k.write().analyze()
     assert rec["verdict"] == "incomparable"
-    assert has(rec, "coverage: rank 0 holds 1 logprob sample(s), below min_samples_per_rank=2")
+    assert has(rec, "coverage: rank 0 holds 1 logprob sample, below min_samples_per_rank=2")
     assert has(rec, "coverage: 16 active tokens, below min_active_tokens=20")
 
 
@@ -325,7 +325,7 @@ def test_default_coverage_needs_a_sample_per_rank(tmp_path: Path) -> None:
     k.write_sidecar(empty, "rank00001.call00000000.pt")
     rec = k.analyze()
     assert rec["verdict"] == "incomparable"
-    assert has(rec, "coverage: rank 1 holds 0 logprob sample(s), below min_samples_per_rank=1")
+    assert has(rec, "coverage: rank 1 holds 0 logprob samples, below min_samples_per_rank=1")
 
 
 def test_route_fallback_line_counts_even_with_readbacks(tmp_path: Path) -> None:

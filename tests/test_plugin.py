@@ -68,7 +68,8 @@ def test_selection(pytester: pytest.Pytester, make_matrix, args: list[str], coun
     make_matrix()
     result = pytester.runpytest("--rlk-plan", "--rlk-hardware=cpu", *args)
     assert result.ret == 0
-    result.stdout.fnmatch_lines([f"# rlk plan: {count} cells, matrix root *"])
+    cells = "1 cell" if count == 1 else f"{count} cells"
+    result.stdout.fnmatch_lines([f"# rlk plan: {cells}, matrix root *"])
 
 
 def test_plan_prints_env_and_runs_nothing(pytester: pytest.Pytester, make_matrix,

@@ -78,12 +78,13 @@ def _gpu_count(backend: str) -> int:
 
 def auto_num_workers(config: pytest.Config) -> int | None:
     """`pytest_xdist_auto_num_workers`: None (xdist's CPU count) unless a GPU profile runs."""
-    from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
     from pytest_rlkernel_matrix.plugin import _in_play, _matrix_path
 
     path, explicit = _matrix_path(config)
     if not path.exists() or not (explicit or _in_play(config, path)):
         return None
+    from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
+
     try:
         matrix = load_matrix(path)
     except MatrixFileError:
