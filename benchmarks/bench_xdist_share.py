@@ -10,7 +10,8 @@ parallel / serial (of the summed wall times): below 1 means `-n` is faster. The 
 (`pytest_rlkernel_matrix.cpushare`) is what is measured: the cells get disjoint CPU slices and
 `OMP_NUM_THREADS` = their share, so the thread variables are removed from the environment unless
 `--keep-threads` (then a value you set wins, as in any session). Extra pytest arguments after
-`--` (e.g. `-- -k attention` on a loaded box) go to both. Exit 0 unless a run wrote no report.
+`--` (e.g. `-- -k attention` on a loaded box) go to both; `--quick` shrinks the workload per step
+as `perf_agreement.py --quick` does (say so when quoting it). Exit 0 unless a run wrote no report.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def _load() -> str:
         return "?"
 
 
-def run_once(label: str, root: Path, extra: list[str], keep_threads: bool) -> dict[str, Any]:
+def run_once(label: str, root: Path, extra: list[str], keep_threads: bool,
+             matrix: Path | None = None) -> dict[str, Any]:
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-            f"--rlk-matrix-root={root}", "-q", *extra]
+            *([f"--rlk-matrix={matrix}"] if matrix else []), f"--rlk-matrix-root={root}", "-q",
+            *extra]
     env = {k: v for k, v in os.environ.items()
            if k != "PYTEST_ADDOPTS" and (keep_threads or k not in THREAD_VARS)}
     load0, t0 = _load(), time.monotonic()
@@ -65,17 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="-n for the parallel runs")
     ap.add_argument("--keep-threads", action="store_true",
                     help="keep OMP_NUM_THREADS / MKL_NUM_THREADS from the environment")
+    ap.add_argument("--quick", action="store_true", help="smaller workload per step")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="rlk-xdist-share-"))
+    matrix = None
+    if args.quick:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from perf_agreement import _matrix_file
+
+        matrix = _matrix_file(True, work)
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        runs.append(run_once("serial", work / f"serial{r}", args.pytest_args, args.keep_threads))
+        runs.append(run_once("serial", work / f"serial{r}", args.pytest_args, args.keep_threads,
+                             matrix))
         runs.append(run_once(f"-n {args.workers}", work / f"parallel{r}",
-                             ["-n", str(args.workers), *args.pytest_args], args.keep_threads))
+                             ["-n", str(args.workers), *args.pytest_args], args.keep_threads,
+                             matrix))
     print(f"bench_xdist_share: default matrix, serial vs -n {args.workers}, {args.rounds} "
           f"round(s) interleaved, {len(os.sched_getaffinity(0))} CPU(s) in the affinity mask"
-          + ("" if args.keep_threads else ", thread variables removed"))
+          + ("" if args.keep_threads else ", thread variables removed")
+          + (", --quick workload" if args.quick else ""))
     print(f"command: {shlex.join(runs[0]['argv'][2:])} [-n {args.workers}]\n")
     print("| run | exit | wall s | load before | load after | verdicts | cell CPUs | threads |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
