@@ -318,7 +318,13 @@ class MatrixSession:
             env.update(extra)
             recorded.update(extra)
             self.scrubber.add_env(extra)
-            share = share.with_hook(extra)
+            hooked = share.with_hook(extra)
+            if hooked is not share:  # the hook's thread variable wins: drop the share's
+                for var in share.env:
+                    if var not in extra:
+                        env.pop(var, None)
+                        recorded.pop(var, None)
+            share = hooked
         command = self.matrix.runner.command
         cwd = self.command_cwd()
         write_text_atomic(run_dir / "matrix-case.env",

@@ -189,3 +189,18 @@ def test_user_omp_num_threads_wins_and_is_recorded(pytester: pytest.Pytester, ma
     assert "RLK_MATRIX_THREADS" not in cell["case_env"]
     assert "set by the user (MKL_NUM_THREADS from matrix.toml [runner.env], OMP_NUM_THREADS " \
            "from the environment)" in cell["case_env"]
+
+
+def test_a_hooks_thread_variable_wins(pytester: pytest.Pytester, make_matrix,
+                                      tmp_path: Path) -> None:
+    pytester.makeconftest("def pytest_rlk_cell_env(config, cell, env):\n"
+                          "    env['OMP_NUM_THREADS'] = '4'\n")
+    cells = _session(pytester, make_matrix, tmp_path / "root", "-k", "R/R", env=_env())
+    (cell,) = cells.values()
+    share = cell["record"]["cpu_share"]
+    assert (share["source"], share["threads"]) == ("user", 4)
+    assert share["user_set"] == {"OMP_NUM_THREADS": "pytest_rlk_cell_env"}
+    # The share's own variables are gone: the workload would otherwise prefer them.
+    assert cell["seen"]["env"] == {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": None,
+                                   "RLK_MATRIX_THREADS": None}
+    assert "RLK_MATRIX_THREADS" not in cell["case_env"]
