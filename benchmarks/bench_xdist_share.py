@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="-n for the parallel runs")
     ap.add_argument("--keep-threads", action="store_true",
                     help="keep OMP_NUM_THREADS / MKL_NUM_THREADS from the environment")
+    ap.add_argument("--parallel-first", action="store_true",
+                    help="start each round with the -n run (the load may drift during a round)")
     ap.add_argument("--quick", action="store_true", help="smaller workload per step")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args(argv)
@@ -80,16 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         matrix = _matrix_file(True, work)
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        runs.append(run_once("serial", work / f"serial{r}", args.pytest_args, args.keep_threads,
-                             matrix))
-        runs.append(run_once(f"-n {args.workers}", work / f"parallel{r}",
-                             ["-n", str(args.workers), *args.pytest_args], args.keep_threads,
-                             matrix))
+        pair = [("serial", work / f"serial{r}", args.pytest_args),
+                (f"-n {args.workers}", work / f"parallel{r}",
+                 ["-n", str(args.workers), *args.pytest_args])]
+        for label, root, extra in (pair[::-1] if args.parallel_first else pair):
+            runs.append(run_once(label, root, extra, args.keep_threads, matrix))
     print(f"bench_xdist_share: default matrix, serial vs -n {args.workers}, {args.rounds} "
           f"round(s) interleaved, {len(os.sched_getaffinity(0))} CPU(s) in the affinity mask"
           + ("" if args.keep_threads else ", thread variables removed")
           + (", --quick workload" if args.quick else ""))
-    print(f"command: {shlex.join(runs[0]['argv'][2:])} [-n {args.workers}]\n")
+    serial_argv = next(x["argv"] for x in runs if x["label"] == "serial")
+    print(f"command: {shlex.join(serial_argv[2:])} [-n {args.workers}]\n")
     print("| run | exit | wall s | load before | load after | verdicts | cell CPUs | threads |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for x in runs:
