@@ -216,6 +216,12 @@ def pytest_configure(config: pytest.Config) -> None:
         session.fingerprints = dict(shared["fingerprints"])
         session.devices = shared.get("devices")
         session.worker = shared.get("worker")
+        slot = shared.get("cpu_slot")
+        if slot:
+            from pytest_rlkernel_matrix.cpushare import Slot
+
+            session.cpu_slot = Slot(index=int(slot["index"]), count=int(slot["count"]),
+                                    worker=session.worker, cpus=tuple(slot["cpus"]))
         pre = session.root / PREFLIGHT_FILE
         session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
     else:

@@ -315,6 +315,7 @@ def build_record(
         "process_wall_time": run.wall_time,
         "devices": meta.get("devices"),
         "worker": meta.get("worker"),
+        "cpu_share": meta.get("cpu_share"),
         "window": meta.get("window"),
         **{k: metrics.get(k) for k in METRIC_FIELDS},
         **phases,

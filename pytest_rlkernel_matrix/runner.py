@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pytest_rlkernel_matrix import procs
+from pytest_rlkernel_matrix import cpushare, procs
 from pytest_rlkernel_matrix.cells import Cell
 from pytest_rlkernel_matrix.redact import REDACTED, Scrubber, is_secret
 
@@ -29,7 +29,7 @@ __all__ = ["REDACTED", "RunResult", "is_secret", "run_cell_command"]
 # into the file; the process still inherits it): these names, and names with these prefixes.
 RECORDED_INHERITED = (
     "VIME_ROOT", "RL_KERNEL_ROOT", "MEGATRON_ROOT", "PYTHON_BIN", "PYTHONPATH",
-    "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "ROCM_HOME", "ROCM_PATH", "HIP_PATH",
+    "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ROCM_HOME", "ROCM_PATH", "HIP_PATH",
     "PYTORCH_ROCM_ARCH",
 )
 RECORDED_PREFIXES = (
@@ -63,6 +63,9 @@ class RunResult:
     leftover_pids: list[int] = field(default_factory=list)
     started_epoch: float | None = None  # time.time() bounds: overlap checks between cells
     finished_epoch: float | None = None
+    # CPU affinity the cell's main process was started with (`cpushare`): "applied (...)", why
+    # not, or None when none was asked for.
+    cpu_affinity: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -117,7 +120,7 @@ def cell_env(
 
 
 def render_case_env(recorded: Mapping[str, str], command: str | Sequence[str], cwd: Path,
-                    scrubber: Scrubber | None = None) -> str:
+                    scrubber: Scrubber | None = None, comment: str = "") -> str:
     """`matrix-case.env`: sourceable `export` lines plus the command, secrets redacted by name
     and (through `scrubber`, by default one built from `recorded` and `command`) by value."""
     scrub = scrubber or Scrubber.from_env(recorded, command)
@@ -125,6 +128,7 @@ def render_case_env(recorded: Mapping[str, str], command: str | Sequence[str], c
     lines = [
         "# matrix-case.env written by pytest-rlkernel-matrix; `source` it to rerun this cell:",
         f"#   cd {shlex.quote(str(cwd))} && {shown}",
+        *([comment] if comment else []),
     ]
     for key in sorted(recorded):
         value = REDACTED if is_secret(key) else recorded[key]
@@ -177,6 +181,7 @@ def run_cell_command(
     kill_grace: float = KILL_GRACE_S,
     raise_on_interrupt: bool = True,
     session_tag: str = "",
+    cpus: Sequence[int] | None = None,
 ) -> RunResult:
     """Run the command; `run.log` and `exit-code` land in `artifact_dir`.
 
@@ -187,6 +192,7 @@ def run_cell_command(
     then SIGKILL. An interrupted run re-raises KeyboardInterrupt after writing `exit-code`
     unless `raise_on_interrupt` is False (then `RunResult.interrupted` says so: the caller records
     the cell, then raises). `session_tag` prefixes the marker variable the cell's processes carry.
+    `cpus`: the CPU affinity the cell's process group starts with (`cpushare.pinned_start`).
     """
     argv: list[str] = ["bash", "-c", command] if isinstance(command, str) else list(command)
     log_path = artifact_dir / "run.log"
@@ -197,22 +203,30 @@ def run_cell_command(
     killed: list[int] = []
     leftover: list[int] = []
     pid: int | None = None
+    affinity: str | None = None
     marker = f"{session_tag}:{uuid.uuid4().hex}" if session_tag else uuid.uuid4().hex
     child_env = {**env, procs.MARKER_VAR: marker}
     before = frozenset(procs.children(os.getpid())) if procs.available() else frozenset()
     reaper = procs.set_subreaper(True)
     try:
         with log_path.open("ab") as log:
+            pin = cpushare.pinned_start(cpus)
             try:
-                proc = subprocess.Popen(
-                    argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                )
+                with pin:
+                    proc = subprocess.Popen(
+                        argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=log,
+                        stderr=subprocess.STDOUT, start_new_session=True,
+                    )
             except OSError as exc:
                 launch_error = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
                 log.write(f"[rlk-matrix] {launch_error}\n".encode())
             else:
                 pid = proc.pid
+                if cpus:
+                    affinity = _affinity_seen(proc.pid, cpus, pin.error)
+                    if not affinity.startswith("applied"):
+                        log.write(f"[rlk-matrix] CPU affinity {affinity}\n".encode())
+                        log.flush()
                 family = procs.Family(proc.pid, marker, before)
                 try:
                     deadline = t0 + timeout
@@ -274,11 +288,26 @@ def run_cell_command(
         leftover_pids=leftover,
         started_epoch=round(epoch0, 3),
         finished_epoch=round(time.time(), 3),
+        cpu_affinity=affinity,
     )
     (artifact_dir / "exit-code").write_text(f"{'' if exit_code is None else exit_code}\n")
     if interrupted and raise_on_interrupt:
         raise KeyboardInterrupt
     return result
+
+
+def _affinity_seen(pid: int, cpus: Sequence[int], error: str | None) -> str:
+    """What the started process's affinity is, read back from the kernel."""
+    if error:
+        return f"not set: {error}"
+    if not cpushare.can_pin():
+        return "not set: this OS has no sched_setaffinity"
+    want = cpushare.cpu_list(cpus)
+    try:
+        got = cpushare.cpu_list(sorted(os.sched_getaffinity(pid)))
+    except OSError:  # it exited already: it started on the starting thread's mask
+        return f"applied (cpus {want})"
+    return f"applied (cpus {want})" if got == want else f"not as asked: {got}, wanted {want}"
 
 
 def _pids(pids: Sequence[int]) -> str:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix import contamination, procs
+from pytest_rlkernel_matrix import contamination, cpushare, procs
 from pytest_rlkernel_matrix.cells import Cell, canonical_cells
 from pytest_rlkernel_matrix.launchers.base import CellJob, Launcher, Outcome
 from pytest_rlkernel_matrix.matrix import MatrixFile
@@ -52,6 +52,19 @@ from pytest_rlkernel_matrix.stats import Policy
 
 RECORD_CACHE = "cell-record.json"
 PREFLIGHT_FILE = "preflight.json"
+
+
+def _share_seen(share: Mapping[str, Any] | None, result: RunResult) -> dict[str, Any] | None:
+    """The planned share with the affinity the launcher read back from the started process."""
+    if share is None:
+        return None
+    out = dict(share)
+    if result.cpu_affinity is not None:
+        out["affinity"] = result.cpu_affinity
+    elif out.get("affinity") == cpushare.PLANNED:
+        out["affinity"] = ("not set: the cell was not started" if result.pid is None
+                           else "not read back")
+    return out
 
 
 def utc_stamp() -> str:
@@ -105,6 +118,7 @@ class MatrixSession:
     progress_every: float = 30.0
     devices: list[str] | None = None  # this xdist worker's device set (None: not pinned)
     worker: str | None = None
+    cpu_slot: cpushare.Slot = field(default_factory=cpushare.Slot)  # this process's CPU share
     pending: dict[str, CellJob] = field(default_factory=dict)
     scrubber: Scrubber = field(default_factory=Scrubber)
 
@@ -171,6 +185,9 @@ class MatrixSession:
         full, recorded = cell_env(contract, profile_env=profile.env,
                                   runner_env=self.matrix.runner.env, python=sys.executable,
                                   base=base)
+        share = self.cpu_share(cell, base)
+        full.update(share.env)
+        recorded.update(share.env)
         if self.devices is not None and profile.backend != "cpu":
             from pytest_rlkernel_matrix.integrations.xdist import device_env
 
@@ -178,6 +195,15 @@ class MatrixSession:
             full.update(pinned)
             recorded.update(pinned)
         return full, recorded
+
+    def cpu_share(self, cell: Cell, base: Mapping[str, str] | None = None) -> cpushare.CpuShare:
+        """The CPUs and threads a cell of this process gets (`cpushare`); a thread variable the
+        user set (environment, profile env, `[runner.env]`) wins. `--rlk-plan` passes an empty
+        base: it still reports this session's own variables."""
+        profile = self.matrix.hardware[cell.hardware]
+        return cpushare.plan_share(self.cpu_slot, launcher=self.matrix.runner.launcher,
+                                   inherited=base or os.environ, profile_env=profile.env,
+                                   runner_env=self.matrix.runner.env)
 
     def plan_text(self, cells: Sequence[Cell], mode: str) -> str:
         """Per run: what the launcher would run (env contract + command, or the batch script)."""
@@ -285,16 +311,25 @@ class MatrixSession:
         for sub in ARTIFACT_SUBDIRS.values():
             (run_dir / sub).mkdir(exist_ok=True)
         env, recorded = self.environment(cell, mode, run_dir)
+        share = self.cpu_share(cell)
         if env_hook is not None:
             extra: dict[str, str] = {}
             env_hook(cell=cell, env=extra)
             env.update(extra)
             recorded.update(extra)
             self.scrubber.add_env(extra)
+            hooked = share.with_hook(extra)
+            if hooked is not share:  # the hook's thread variable wins: drop the share's
+                for var in share.env:
+                    if var not in extra:
+                        env.pop(var, None)
+                        recorded.pop(var, None)
+            share = hooked
         command = self.matrix.runner.command
         cwd = self.command_cwd()
         write_text_atomic(run_dir / "matrix-case.env",
-                          render_case_env(recorded, command, cwd, self.scrubber))
+                          render_case_env(recorded, command, cwd, self.scrubber,
+                                          comment=share.comment()))
         report_progress = self.progress
 
         def progress(elapsed: float, line: str) -> None:
@@ -307,7 +342,9 @@ class MatrixSession:
                        cwd=cwd, env=env, recorded=recorded, run_dir=run_dir,
                        timeout=self.matrix.runner.timeout, progress=progress,
                        progress_every=self.progress_every, attempt=attempt,
-                       kill_grace=self.matrix.runner.kill_grace, session_tag=self.token)
+                       kill_grace=self.matrix.runner.kill_grace, session_tag=self.token,
+                       cpus=share.cpus if self.matrix.runner.launcher == "local" else None,
+                       cpu_share=share.as_dict())
 
     def submit_ahead(self, cells: Sequence[Cell], mode: str, env_hook: Any = None) -> int:
         """Queue every selected run with a launcher that runs them concurrently (Slurm)."""
@@ -353,14 +390,17 @@ class MatrixSession:
             result = RunResult(command=command, exit_code=None, timed_out=False,
                                interrupted=False, wall_time=0.0, started=now, finished=now)
             (run_dir / "exit-code").write_text("not-started\n")
-            return self._finish(cell, mode, run_dir, result, recorded, blockers)
+            return self._finish(cell, mode, run_dir, result, recorded, blockers,
+                                cpu_share=job.cpu_share)
         outcome = self._wait(cell, job)
         if outcome.result.interrupted:
             # Ctrl-C / SIGTERM: record the cell (error, "interrupted"), then stop the session.
             with procs.STOP.cleaning_up():
-                self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome)
+                self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome,
+                             cpu_share=job.cpu_share)
             raise KeyboardInterrupt
-        record = self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome)
+        record = self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome,
+                              cpu_share=job.cpu_share)
         if (self.launcher.retryable(outcome) and job.attempt == 1
                 and not outcome.result.interrupted):
             retry_dir = run_dir.with_name(f"{run_dir.name}.attempt2")
@@ -377,14 +417,15 @@ class MatrixSession:
             if outcome.scheduler is not None:
                 outcome.scheduler["previous_attempts"] = [first]
             record = self._finish(cell, mode, retry_dir, outcome.result, retry.recorded,
-                                  blockers, outcome)
+                                  blockers, outcome, cpu_share=retry.cpu_share)
         if outcome.result.interrupted:
             raise KeyboardInterrupt
         return record
 
     def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,
                 recorded: Mapping[str, str], blockers: list[list[str]],
-                outcome: Outcome | None = None) -> dict[str, Any]:
+                outcome: Outcome | None = None,
+                cpu_share: Mapping[str, Any] | None = None) -> dict[str, Any]:
         fingerprints: dict[str, str] = dict(self.fingerprints)
         scheduler = outcome.scheduler if outcome is not None else None
         if scheduler is not None:
@@ -411,6 +452,7 @@ class MatrixSession:
             "policy": self.policy(cell),
             "devices": self.devices, "worker": self.worker,
             "window": [result.started_epoch, result.finished_epoch],
+            "cpu_share": _share_seen(cpu_share, result),
         }
         if scheduler is not None:
             meta["scheduler"] = scheduler

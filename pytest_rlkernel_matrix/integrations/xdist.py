@@ -9,6 +9,11 @@ tp*cp*pp): worker `gwN` gets visible devices `[N*k, (N+1)*k)`, handed to its cel
 `ROCR_VISIBLE_DEVICES` to the same indices as well would index twice). `-n auto` starts
 `floor(visible GPUs / gpus_per_cell)` workers. A cell whose run window overlapped another
 cell's on a shared device is marked performance-contaminated (`mark_overlaps`).
+
+Workers own CPU sets the same way (`cpushare`): worker slot N of W gets slice N of the session's
+CPU affinity mask, which its local cells run on with `OMP_NUM_THREADS` / `MKL_NUM_THREADS` set to
+the slice's size (unless the user set them). A worker that replaces a crashed one takes over the
+slot (CPU and GPU set) its predecessor left.
 Without xdist nothing here runs.
 """
 
@@ -22,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from pytest_rlkernel_matrix.cpushare import session_cpus
 from pytest_rlkernel_matrix.session import MatrixSession
 
 DEVICE_VARS = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES"}
@@ -131,6 +137,20 @@ class XdistIntegration:
 
     def __init__(self, session: MatrixSession) -> None:
         self.session = session
+        self.slots: dict[str, int] = {}  # worker id -> its slot (CPU slice and GPU set)
+        self.cpus = session_cpus()
+
+    def _slot(self, worker: str, count: int) -> int:
+        """`gwN` takes slot N; a replacement worker (a new id) the lowest slot left free."""
+        wanted = int(worker.removeprefix("gw")) if worker.removeprefix("gw").isdigit() else -1
+        taken = set(self.slots.values())
+        if not 0 <= wanted < count or wanted in taken:
+            wanted = next(i for i in range(count + len(taken) + 1) if i not in taken)
+        self.slots[worker] = wanted
+        return wanted
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self.slots.pop(str(getattr(node.gateway, "id", "")), None)
 
     def _device_plan(self) -> tuple[list[str], int] | None:
         ms = self.session
@@ -154,10 +174,12 @@ class XdistIntegration:
             "devices": None,
             "worker": getattr(node.gateway, "id", None),
         }
+        count = int(node.workerinput.get("workercount") or 1)
+        index = self._slot(str(shared["worker"] or "gw0"), count)
+        shared["cpu_slot"] = {"index": index, "count": count, "cpus": self.cpus}
         plan = None if ms.plan else self._device_plan()
         if plan is not None:
             devices, per_cell = plan
-            index = int(str(shared["worker"] or "gw0").removeprefix("gw") or 0)
             shared["devices"] = devices_for_worker(devices, per_cell, index)
         node.workerinput["rlk"] = shared
 

@@ -27,6 +27,8 @@ class CellJob:
     attempt: int = 1
     kill_grace: float = 5.0
     session_tag: str = ""
+    cpus: list[int] | None = None  # CPU affinity of a local cell (`cpushare`); None: leave it
+    cpu_share: dict[str, Any] | None = None  # what `cpu_share` in the cell's record says
     handle: dict[str, Any] = field(default_factory=dict)
 
 

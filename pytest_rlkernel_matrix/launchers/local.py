@@ -21,7 +21,7 @@ class LocalLauncher:
                                   artifact_dir=job.run_dir, progress=job.progress,
                                   progress_every=job.progress_every,
                                   kill_grace=job.kill_grace, raise_on_interrupt=False,
-                                  session_tag=job.session_tag)
+                                  session_tag=job.session_tag, cpus=job.cpus)
         return Outcome(result=result)
 
     def cancel_all(self, why: str) -> list[str]:

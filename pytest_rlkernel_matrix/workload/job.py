@@ -24,6 +24,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -461,6 +462,28 @@ def main(argv: list[str] | None = None) -> int:
     return run_cell(args, env, drill, t_start)
 
 
+def intra_op_threads(environ: Mapping[str, str], world: int) -> int | None:
+    """torch's intra-op threads for one of the cell's `world` rank processes.
+
+    `RLK_MATRIX_THREADS` (the cell's CPU share, set by the plugin) is divided among the ranks; a
+    user's `OMP_NUM_THREADS` is per process, as OpenMP defines it; otherwise the CPUs of this
+    process's affinity mask (never `os.cpu_count()`, which ignores taskset and cpusets) are
+    divided among the ranks. None: unreadable values leave torch's default."""
+    for var, per_rank in (("RLK_MATRIX_THREADS", True), ("OMP_NUM_THREADS", False)):
+        raw = environ.get(var, "").strip()
+        if raw:
+            try:
+                total = int(raw.split(",")[0])
+            except ValueError:
+                return None
+            return max(1, total // world if per_rank else total)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // world)
+
+
 def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: float) -> int:
     """Everything after argument/env parsing, in this rank's process group."""
     if args.device == "auto":
@@ -476,8 +499,9 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
                   f"GPU each; this process sees {torch.cuda.device_count()}", flush=True)
             return EXIT_UNSUPPORTED
         device = torch.device("cuda", local)
-    if device.type == "cpu" and world > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    threads = intra_op_threads(os.environ, world)
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         grid = init_grid(args.tp, args.cp, device)
     except LaunchError as exc:
