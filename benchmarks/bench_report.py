@@ -90,7 +90,7 @@ def child(root: Path, trace: bool) -> None:
     """Run `rlk-matrix report <root>` in this process; print timings as one JSON line."""
     import tracemalloc
 
-    import pytest_rlkernel_matrix.reanalyze as rea
+    import pytest_rlkernel_matrix.report.reanalyze as rea
     from pytest_rlkernel_matrix import cli
 
     import_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

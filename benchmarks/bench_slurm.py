@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--poll", type=float, default=1.0)
     ap.add_argument("--limit", type=float, default=2.0)
     args = ap.parse_args()
-    from pytest_rlkernel_matrix.launchers.slurm import slurm_available
+    from pytest_rlkernel_matrix.run.launchers.slurm import slurm_available
 
     why = slurm_available()
     if why:

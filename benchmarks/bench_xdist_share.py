@@ -7,7 +7,7 @@ Runs a fresh `pytest -p no:cacheprovider --rlk-matrix-root=<new root>` at the re
 and with `-n <workers>`, interleaved (serial, parallel, serial, parallel, ...), and prints each
 run's wall time with the load average before and after it, its verdict counts, and the ratio
 parallel / serial (of the summed wall times): below 1 means `-n` is faster. The CPU share
-(`pytest_rlkernel_matrix.cpushare`) is what is measured: the cells get disjoint CPU slices and
+(`pytest_rlkernel_matrix.run.cpushare`) is what is measured: the cells get disjoint CPU slices and
 `OMP_NUM_THREADS` = their share, so the thread variables are removed from the environment unless
 `--keep-threads` (then a value you set wins, as in any session). Extra pytest arguments after
 `--` (e.g. `-- -k attention` on a loaded box) go to both; `--quick` shrinks the workload per step

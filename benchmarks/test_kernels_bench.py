@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
-from pytest_rlkernel_matrix.workload.model import PRESETS, AttnInputs, Qwen3, init_weights
+from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+from pytest_rlkernel_matrix.workload.weights import AttnInputs
 
 BATCH, SEQ = 4, 192
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix import __version__
-from pytest_rlkernel_matrix.terms import plural
+from pytest_rlkernel_matrix.spec.terms import plural
 
 
 def _matrix_file(option: str | None) -> Path | None:
@@ -50,14 +50,14 @@ def _wrap(head: str, text: str, width: int, indent: int = 16) -> list[str]:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from pytest_rlkernel_matrix import preflight as pf
-    from pytest_rlkernel_matrix.capability import capability_report, runner_capabilities
-    from pytest_rlkernel_matrix.report import write_json_atomic
+    from pytest_rlkernel_matrix.machine import preflight as pf
+    from pytest_rlkernel_matrix.machine.capability import capability_report, runner_capabilities
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 
     matrix_path = _matrix_file(args.matrix)
     matrix = None
     if matrix_path is not None:
-        from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
+        from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 
         try:
             matrix = load_matrix(matrix_path)
@@ -193,10 +193,10 @@ def summary_line(report: dict[str, object], path: Path) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pytest_rlkernel_matrix.reanalyze import reanalyze
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
 
     root = Path(args.matrix_root)
-    from pytest_rlkernel_matrix.rootlock import RootError, claim
+    from pytest_rlkernel_matrix.run.rootlock import RootError, claim
 
     empty = f"rlk-matrix: {root} holds no matrix run (no */*/cell-run.json)"
     if not root.is_dir():
@@ -239,8 +239,13 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     conclusion: ...". Every ratio has the direction of the terminal's attribution (`DIRECTION`):
     the R/R baseline's time over the cell's, i.e. time with R over time with P.
     """
-    from pytest_rlkernel_matrix.attribution import SIDES, policy_of, side_ratios, timing_ratio
-    from pytest_rlkernel_matrix.stats import DIRECTION
+    from pytest_rlkernel_matrix.judge.stats import DIRECTION
+    from pytest_rlkernel_matrix.report.attribution import (
+        SIDES,
+        policy_of,
+        side_ratios,
+        timing_ratio,
+    )
 
     cells = report["cells"]
     assert isinstance(cells, list)
@@ -297,9 +302,9 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from pytest_rlkernel_matrix.html import write_html
-    from pytest_rlkernel_matrix.merge import MergeError, load_report, merge_reports, render
-    from pytest_rlkernel_matrix.report import write_json_atomic
+    from pytest_rlkernel_matrix.report.html import write_html
+    from pytest_rlkernel_matrix.report.merge import MergeError, load_report, merge_reports, render
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 
     out = Path(args.output)
     inputs = [Path(p) for p in args.reports]
@@ -320,9 +325,9 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from pytest_rlkernel_matrix.compare import Thresholds, compare_reports, render
-    from pytest_rlkernel_matrix.merge import MergeError, load_report
-    from pytest_rlkernel_matrix.report import write_json_atomic
+    from pytest_rlkernel_matrix.report.compare import Thresholds, compare_reports, render
+    from pytest_rlkernel_matrix.report.merge import MergeError, load_report
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 
     try:
         old, new = load_report(Path(args.old)), load_report(Path(args.new))

@@ -7,14 +7,12 @@ conftest), `record_property`, `-k`, `-m` and other plugins work as on any test.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.cells import Cell, expand
-
-if TYPE_CHECKING:
-    pass
+from pytest_rlkernel_matrix.spec.cells import Cell, expand
 
 SESSION_KEY = pytest.StashKey["MatrixSession"]()
 CELL_KEY = pytest.StashKey[Cell]()
@@ -47,7 +45,7 @@ def rlk_matrix_cell(
     try:
         record = session.run_cell(rlk_cell, mode=rlk_mode, env_hook=env_hook)
     except Exception as exc:  # one broken cell is an `error` record, never a lost session
-        from pytest_rlkernel_matrix.report import not_run_record
+        from pytest_rlkernel_matrix.report.record import not_run_record
 
         record = not_run_record(rlk_cell, rlk_mode,
                                 f"internal error: {type(exc).__name__}: {str(exc)[:500]}", "error")
@@ -76,8 +74,6 @@ class MatrixItem(pytest.Function):
                      f"{rec['verdict']} (mode {rec.get('mode')})"]
             lines += [f"  - {r}" for r in rec.get("reasons", [])]
             if rec.get("artifact_dir"):
-                from pytest_rlkernel_matrix.plugin import _run_log
-
                 root = self.config.stash[SESSION_KEY].root
                 lines.append(f"  artifacts: {root / rec['artifact_dir']}")
                 log = _run_log(root, rec)
@@ -112,3 +108,12 @@ class MatrixFileNode(pytest.File):
         session = self.config.stash[SESSION_KEY]
         for name in session.hardware:
             yield HardwareNode.from_parent(self, name=name)
+
+
+def _run_log(root: Path, rec: dict[str, Any]) -> Path | None:
+    """The run.log of a cell that exited non-zero (or timed out), where one was written."""
+    ran_badly = rec.get("exit_code") not in (0, None) or rec.get("timed_out")
+    if not rec.get("artifact_dir") or not ran_badly:
+        return None
+    log = root / str(rec["artifact_dir"]) / "run.log"
+    return log if log.is_file() else None

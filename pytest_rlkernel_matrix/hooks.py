@@ -11,8 +11,8 @@ import pytest
 def pytest_rlk_cell_env(config: pytest.Config, cell: Any, env: dict[str, str]) -> None:
     """Adjust the environment of one cell's process before it starts (runs where the cell runs).
 
-    ``cell`` is a `pytest_rlkernel_matrix.cells.Cell`; mutate ``env`` in place. Values you add are
-    recorded in ``matrix-case.env`` (secret-looking names redacted).
+    ``cell`` is a `pytest_rlkernel_matrix.spec.cells.Cell`; mutate ``env`` in place. Values you
+    add are recorded in ``matrix-case.env`` (secret-looking names redacted).
     """
 
 

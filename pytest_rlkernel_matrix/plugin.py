@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_rlkernel_matrix import hooks
-from pytest_rlkernel_matrix.cells import Cell
 from pytest_rlkernel_matrix.collect import (
     CELL_KEY,
     RECORD_KEY,
@@ -24,10 +23,12 @@ from pytest_rlkernel_matrix.collect import (
     MatrixFileNode,
     MatrixItem,
 )
-from pytest_rlkernel_matrix.terms import LAYOUTS, MODES, plural
+from pytest_rlkernel_matrix.spec.cells import Cell
+from pytest_rlkernel_matrix.spec.terms import LAYOUTS, MODES, plural
 
 if TYPE_CHECKING:
     from pytest_rlkernel_matrix.session import MatrixSession
+from pytest_rlkernel_matrix.collect import _run_log
 
 PREFLIGHT_FILE = "preflight.json"
 
@@ -102,7 +103,7 @@ def _in_play(config: pytest.Config, path: Path) -> bool:
 
 def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
               raw_dir: Path | None) -> tuple[list[str], dict[str, Any]]:
-    from pytest_rlkernel_matrix import preflight as pf
+    from pytest_rlkernel_matrix.machine import preflight as pf
 
     names = _asked(config)
     _check_names(names, matrix, path)
@@ -122,7 +123,7 @@ def _hardware(config: pytest.Config, matrix: Any, path: Path, plan: bool,
                                 tokenizer=where(section.tokenizer), timeout=section.timeout,
                                 raw_dir=raw_dir, reuse_probe=Path(reuse) if reuse else None)
     detected = pf.detect_hardware(data, matrix.hardware)
-    from pytest_rlkernel_matrix.capability import runner_capabilities
+    from pytest_rlkernel_matrix.machine.capability import runner_capabilities
 
     profile = names[0] if names else detected
     backend = matrix.hardware[profile].backend if profile else data.get("gpu", {}).get("backend")
@@ -195,8 +196,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _in_play(config, path):
         return
     # Heavy imports (pydantic, numpy) only in sessions that run a matrix.
-    from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
     from pytest_rlkernel_matrix.session import MatrixSession, default_root
+    from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 
     try:
         matrix = load_matrix(path)
@@ -218,7 +219,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session.worker = shared.get("worker")
         slot = shared.get("cpu_slot")
         if slot:
-            from pytest_rlkernel_matrix.cpushare import Slot
+            from pytest_rlkernel_matrix.run.cpushare import Slot
 
             session.cpu_slot = Slot(index=int(slot["index"]), count=int(slot["count"]),
                                     worker=session.worker, cpus=tuple(slot["cpus"]))
@@ -247,7 +248,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                     hardware=hardware, mode=mode, layout=layout, plan=plan,
                                     preflight=data, dry=dry)
             if data:
-                from pytest_rlkernel_matrix import preflight as pf
+                from pytest_rlkernel_matrix.machine import preflight as pf
 
                 hw_fp, build_fp = pf.fingerprint(data)
                 session.fingerprints = {"hardware_fingerprint": hw_fp,
@@ -281,7 +282,7 @@ def _claim_root(config: pytest.Config, root: Path) -> Callable[[], None]:
     the parents it made, when left empty) and releases the lock."""
     import shutil
 
-    from pytest_rlkernel_matrix.rootlock import LOCK_FILE, RootError, claim
+    from pytest_rlkernel_matrix.run.rootlock import LOCK_FILE, RootError, claim
 
     made: list[Path] = []
     for folder in (root, *root.parents):
@@ -321,7 +322,7 @@ def _take_signals(config: pytest.Config, session: MatrixSession, controller: boo
     processes killed and recorded, the report written. The controller also marks its
     environment so that its xdist workers can be told to stop (`MatrixSession.stop_everything`).
     """
-    from pytest_rlkernel_matrix import procs
+    from pytest_rlkernel_matrix.run import procs
 
     procs.STOP.install()
     config.add_cleanup(procs.STOP.uninstall)
@@ -481,7 +482,7 @@ class MatrixHooks:
         if ms.plan or self.is_worker or not ms.records:
             return
         tr = terminalreporter
-        from pytest_rlkernel_matrix.report import table
+        from pytest_rlkernel_matrix.report.matrix_report import table
 
         tr.section("rlk matrix")
         for line in table(list(ms.records.values())):
@@ -496,15 +497,15 @@ class MatrixHooks:
             log = _run_log(ms.root, rec)
             if log is not None:
                 tr.write_line(f"    run.log: {log}")
-        from pytest_rlkernel_matrix.attribution import attribute
+        from pytest_rlkernel_matrix.report.attribution import attribute
 
         for entry in attribute(list(ms.records.values())):
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
-        from pytest_rlkernel_matrix.report import node_fingerprint_groups
+        from pytest_rlkernel_matrix.report.matrix_report import node_fingerprint_groups
 
         for flag in node_fingerprint_groups(list(ms.records.values()))["flags"]:
             tr.write_line(f"node fingerprints: {flag}")
-        from pytest_rlkernel_matrix.html import HTML_FILE
+        from pytest_rlkernel_matrix.report.html import HTML_FILE
 
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
         tr.write_line(f"matrix report (HTML): {ms.root / HTML_FILE}")
@@ -527,7 +528,7 @@ class MatrixHooks:
         ms.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
         if ms.pending:  # queued cells no item waited for (-x, interrupt): cancel their jobs
             ms.launcher.cancel_all("the pytest session ended before their items ran")
-        from pytest_rlkernel_matrix import procs
+        from pytest_rlkernel_matrix.run import procs
 
         with procs.STOP.cleaning_up():
             left = ms.stop_everything()
@@ -565,15 +566,6 @@ class MatrixHooks:
             report.rlk_verdict = rec["verdict"]  # type: ignore[attr-defined]
             verdict = str(rec["verdict"])
             self._count("skipped" if verdict == "not_run" else verdict, [report])
-
-
-def _run_log(root: Path, rec: dict[str, Any]) -> Path | None:
-    """The run.log of a cell that exited non-zero (or timed out), where one was written."""
-    ran_badly = rec.get("exit_code") not in (0, None) or rec.get("timed_out")
-    if not rec.get("artifact_dir") or not ran_badly:
-        return None
-    log = root / str(rec["artifact_dir"]) / "run.log"
-    return log if log.is_file() else None
 
 
 # -- fixtures -------------------------------------------------------------------------------------

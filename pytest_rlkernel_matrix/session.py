@@ -23,23 +23,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix import contamination, cpushare, procs
-from pytest_rlkernel_matrix.cells import Cell, canonical_cells
-from pytest_rlkernel_matrix.launchers.base import CellJob, Launcher, Outcome
-from pytest_rlkernel_matrix.matrix import MatrixFile
-from pytest_rlkernel_matrix.redact import Scrubber
-from pytest_rlkernel_matrix.report import (
+from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, build_report
+from pytest_rlkernel_matrix.report.record import (
     CELL_RUN_FILE,
-    REPORT_FILE,
     alias_record,
     analyze_run,
-    build_report,
     cell_to_dict,
     not_run_record,
-    write_json_atomic,
-    write_text_atomic,
 )
-from pytest_rlkernel_matrix.runner import (
+from pytest_rlkernel_matrix.run import contamination, cpushare, procs
+from pytest_rlkernel_matrix.run.launchers.base import CellJob, Launcher, Outcome
+from pytest_rlkernel_matrix.run.runner import (
     ARTIFACT_SUBDIRS,
     REDACTED,
     RunResult,
@@ -48,7 +42,11 @@ from pytest_rlkernel_matrix.runner import (
     is_secret,
     render_case_env,
 )
-from pytest_rlkernel_matrix.stats import Policy
+from pytest_rlkernel_matrix.spec.cells import Cell, canonical_cells
+from pytest_rlkernel_matrix.spec.limits import Policy
+from pytest_rlkernel_matrix.spec.matrix import MatrixFile
+from pytest_rlkernel_matrix.store.atomic import write_json_atomic, write_text_atomic
+from pytest_rlkernel_matrix.store.redact import Scrubber
 
 RECORD_CACHE = "cell-record.json"
 PREFLIGHT_FILE = "preflight.json"
@@ -140,7 +138,7 @@ class MatrixSession:
     def launcher(self) -> Launcher:
         """The `[runner] launcher` of this session (made on first use)."""
         if self._launcher is None:
-            from pytest_rlkernel_matrix.launchers import make_launcher
+            from pytest_rlkernel_matrix.run.launchers import make_launcher
 
             self._launcher = make_launcher(self.matrix)
         return self._launcher
@@ -189,7 +187,7 @@ class MatrixSession:
         full.update(share.env)
         recorded.update(share.env)
         if self.devices is not None and profile.backend != "cpu":
-            from pytest_rlkernel_matrix.integrations.xdist import device_env
+            from pytest_rlkernel_matrix.run.devices import device_env
 
             pinned = device_env(profile.backend, self.devices)
             full.update(pinned)
@@ -280,7 +278,7 @@ class MatrixSession:
         collective = [list(b) for b in self.collective_blockers(cell)]
         if mode == "off" or not caps:
             return collective
-        from pytest_rlkernel_matrix.capability import requested_r_blockers
+        from pytest_rlkernel_matrix.machine.capability import requested_r_blockers
 
         wanted = [m for m in cell.cases.as_dict() if "R" in cell.cases.of(m)]
         return [list(b) for b in requested_r_blockers(caps, wanted)] + collective
@@ -433,7 +431,7 @@ class MatrixSession:
             fingerprints = dict(outcome.fingerprints or {})  # type: ignore[union-attr]
             node_pre = outcome.node_preflight  # type: ignore[union-attr]
             if node_pre is not None:
-                from pytest_rlkernel_matrix.preflight import detect_hardware
+                from pytest_rlkernel_matrix.machine.preflight import detect_hardware
 
                 scheduler["node_hardware"] = detect_hardware(node_pre, self.matrix.hardware)
         meta = {
@@ -509,7 +507,7 @@ class MatrixSession:
 
     def _own_runs(self) -> Iterator[tuple[Cell, Path, str]]:
         """(cell, run directory, run id) of every run this session started, from the disk."""
-        from pytest_rlkernel_matrix.cells import expand
+        from pytest_rlkernel_matrix.spec.cells import expand
 
         by_dir = {(c.hardware, c.slug): c for c in expand(self.matrix.matrix, self.hardware,
                                                           self.layout, self.mode)}
@@ -564,7 +562,7 @@ class MatrixSession:
             "fixed_case": self.matrix.matrix.fixed_case,
         }
         if any(r.get("devices") for r in self.records.values()):
-            from pytest_rlkernel_matrix.integrations.xdist import mark_overlaps
+            from pytest_rlkernel_matrix.run.devices import mark_overlaps
 
             mark_overlaps(self.records)
         pre: dict[str, Any] = {"file": PREFLIGHT_FILE, **self.fingerprints}
@@ -581,7 +579,7 @@ class MatrixSession:
         path = self.root / REPORT_FILE
         report = self.scrubber.obj(report)
         write_json_atomic(path, report)
-        from pytest_rlkernel_matrix.html import HTML_FILE, write_html
+        from pytest_rlkernel_matrix.report.html import HTML_FILE, write_html
 
         write_html(report, self.root / HTML_FILE, self.scrubber.obj(self.preflight))
         return path

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from pytest_rlkernel_matrix.cells import Cases, Cell
-from pytest_rlkernel_matrix.report import analyze_run, cell_to_dict
+from pytest_rlkernel_matrix.report.record import analyze_run, cell_to_dict
+from pytest_rlkernel_matrix.spec.cells import Cases, Cell
 
 MODULES = ("attention", "ffn", "logp")
 SIDES = {"training": "megatron", "rollout": "vllm"}

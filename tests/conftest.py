@@ -31,7 +31,7 @@ import torch  # noqa: F401
 # pytester's in-process runs restore sys.modules afterwards; numpy and torch cannot be imported
 # twice in one process, so load the plugin's lazily imported modules once, here, up front.
 import pytest_rlkernel_matrix.session  # noqa: F401
-from pytest_rlkernel_matrix.preflight import REUSE_PROBE_ENV, save_probe
+from pytest_rlkernel_matrix.machine.preflight import REUSE_PROBE_ENV, save_probe
 
 pytest_plugins = ["pytester"]
 

@@ -1,4 +1,6 @@
-"""Tests for ``pytest_rlkernel_matrix.capability``: captured probe outputs and the real probe."""
+"""Tests for ``pytest_rlkernel_matrix.machine.capability``: captured probe outputs and the
+real probe.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix import preflight as pf
-from pytest_rlkernel_matrix.capability import (
+from pytest_rlkernel_matrix.judge.verdict import UNSUPPORTED_CLASSES
+from pytest_rlkernel_matrix.machine import preflight as pf
+from pytest_rlkernel_matrix.machine.capability import (
     R_MODULES,
     STATUSES,
     capability_report,
     r_provider_for_command,
     requested_r_blockers,
 )
-from pytest_rlkernel_matrix.verdict import UNSUPPORTED_CLASSES
 
 DATA = Path(__file__).parent / "data" / "capability"
 KEYS = (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlkernel_matrix.cpushare import (
+from pytest_rlkernel_matrix.run.cpushare import (
     THREAD_VARS,
     Slot,
     cpu_list,

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from pytest_rlkernel_matrix import cli, matrix
+from pytest_rlkernel_matrix import cli
+from pytest_rlkernel_matrix.spec import matrix
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

@@ -78,7 +78,7 @@ def test_checkpoint_writer_is_deterministic_and_never_overwrites(tmp_path: Path)
     pytest.importorskip("tokenizers")
     pytest.importorskip("safetensors")
     from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
-    from pytest_rlkernel_matrix.preflight import fingerprint_model_dir
+    from pytest_rlkernel_matrix.machine.preflight import fingerprint_model_dir
 
     a, b = write_checkpoint(tmp_path / "a"), write_checkpoint(tmp_path / "b")
     assert fingerprint_model_dir(a)["sha256"] == fingerprint_model_dir(b)["sha256"]
@@ -113,13 +113,8 @@ def _trainer(checkpoint: Path, impls: dict[str, str]) -> tuple[object, object, d
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed (the [engines] extra)")
 def test_megatron_hooks_count_calls_and_r_matches_the_builtin_r_path(
         checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_rlkernel_matrix.workload.job import (
-        Env,
-        Rollout,
-        readback,
-        resolve_route,
-        run_training,
-    )
+    from pytest_rlkernel_matrix.workload.env import Env, resolve_route
+    from pytest_rlkernel_matrix.workload.job import Rollout, readback, run_training
     from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import Qwen3, load_checkpoint, weights_sha256
 

@@ -17,10 +17,10 @@ import torch
 from cellkit import RUN_ID, CellKit
 
 from pytest_rlkernel_matrix import cli
-from pytest_rlkernel_matrix import evidence as evidence_mod
-from pytest_rlkernel_matrix.logscan import MAX_LINE_BYTES, scan_log
-from pytest_rlkernel_matrix.matrix import MatrixFileError, load_matrix
-from pytest_rlkernel_matrix.report import write_json_atomic
+from pytest_rlkernel_matrix.judge import evidence as evidence_mod
+from pytest_rlkernel_matrix.judge.logscan import MAX_LINE_BYTES, scan_log
+from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
+from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 
 
 def kit(tmp_path: Path, **kw: Any) -> CellKit:

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix import html as html_module
-from pytest_rlkernel_matrix.html import HTML_FILE, drift_class, render_html, write_html
+from pytest_rlkernel_matrix.report import html as html_module
+from pytest_rlkernel_matrix.report.html import HTML_FILE, render_html, write_html
+from pytest_rlkernel_matrix.report.html_parts import drift_class
 
 XSS = "<script>alert(1)</script>"
 SCRIPT = Path(__file__).parents[1] / "scripts" / "screenshot_report.py"

@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlkernel_matrix.cells import expand
-from pytest_rlkernel_matrix.integrations.xdist import (
+from pytest_rlkernel_matrix.run.devices import (
     auto_workers,
     device_env,
     devices_for_worker,
     mark_overlaps,
     visible_devices,
 )
-from pytest_rlkernel_matrix.matrix import MatrixFile, MatrixFileError, MatrixSection, load_matrix
+from pytest_rlkernel_matrix.spec.cells import expand
+from pytest_rlkernel_matrix.spec.matrix import (
+    MatrixFile,
+    MatrixFileError,
+    MatrixSection,
+    load_matrix,
+)
 
 RUNNER = '[runner]\ncommand = "true"\n'
 
@@ -124,7 +129,7 @@ def test_missing_collective_backend_blocks_a_multi_rank_cell(tmp_path: Path) -> 
 def test_cp_slices_merge_to_one_sample_and_a_missing_slice_is_a_problem() -> None:
     import torch
 
-    from pytest_rlkernel_matrix.evidence import _CpSlice, _merge_cp, _samples_from_sidecar
+    from pytest_rlkernel_matrix.judge.evidence import _CpSlice, _merge_cp, _samples_from_sidecar
     from pytest_rlkernel_matrix.workload.parallel import zigzag_response_keep
 
     total, response = 11, 7

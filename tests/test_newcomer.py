@@ -234,7 +234,7 @@ def test_plan_ends_with_the_cells_it_planned(pytester: pytest.Pytester,
 
 def test_counts_read_in_the_singular(pytester: pytest.Pytester, tmp_path: Path) -> None:
     from pytest_rlkernel_matrix.cli import summary_line
-    from pytest_rlkernel_matrix.terms import plural
+    from pytest_rlkernel_matrix.spec.terms import plural
 
     assert plural(1, "cell") == "1 cell" and plural(0, "cell") == "0 cells"
     assert plural(2, "process", "processes") == "2 processes"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rlkernel_matrix.cli import template_text
-from pytest_rlkernel_matrix.matrix import load_matrix
+from pytest_rlkernel_matrix.spec.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "pytest_rlkernel_matrix"
@@ -102,7 +102,7 @@ def test_wheel_ships_templates_license_and_metadata(tmp_path: Path) -> None:
             member = f"pytest_rlkernel_matrix/templates/{name}"
             assert member in names
             assert zf.read(member) == SHIPPED[name].read_bytes()
-        assert "pytest_rlkernel_matrix/templates/matrix-report.html.j2" in names
+        assert "pytest_rlkernel_matrix/report/templates/matrix-report.html.j2" in names
         (meta_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         meta = Parser().parsestr(zf.read(meta_name).decode())
         licenses = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]

@@ -11,9 +11,20 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.attribution import attribute, timing_ratio
 from pytest_rlkernel_matrix.cli import markdown_table
-from pytest_rlkernel_matrix.contamination import (
+from pytest_rlkernel_matrix.judge.stats import (
+    DIRECTION,
+    NOISE,
+    ONE_PROCESS,
+    bootstrap_processes,
+    bootstrap_ratio,
+    compare,
+    compare_processes,
+    summary,
+)
+from pytest_rlkernel_matrix.report.attribution import attribute, timing_ratio
+from pytest_rlkernel_matrix.report.html import render_html
+from pytest_rlkernel_matrix.run.contamination import (
     judge,
     parse_compute_apps,
     parse_gpu_clocks,
@@ -21,18 +32,7 @@ from pytest_rlkernel_matrix.contamination import (
     parse_rocm_pids,
     read_proc_stat,
 )
-from pytest_rlkernel_matrix.html import render_html
-from pytest_rlkernel_matrix.stats import (
-    DIRECTION,
-    NOISE,
-    ONE_PROCESS,
-    Policy,
-    bootstrap_processes,
-    bootstrap_ratio,
-    compare,
-    compare_processes,
-    summary,
-)
+from pytest_rlkernel_matrix.spec.limits import Policy
 
 # -- statistics: known samples -> known interval and decision ----------------------------------
 

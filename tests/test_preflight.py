@@ -1,4 +1,4 @@
-"""Tests for ``pytest_rlkernel_matrix.preflight``: parsers on captured outputs, hardware
+"""Tests for ``pytest_rlkernel_matrix.machine.preflight``: parsers on captured outputs, hardware
 detection, fingerprints and ``collect_preflight`` against real subprocesses (fake tools on PATH).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix import preflight as pf
+from pytest_rlkernel_matrix.machine import preflight as pf
 
 DATA = Path(__file__).parent / "data" / "preflight"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -497,7 +497,7 @@ def test_fingerprint_shape_and_determinism(tmp_path: Path) -> None:
 
 def test_import_does_not_pull_torch() -> None:
     code = (
-        "import sys, pytest_rlkernel_matrix.preflight\n"
+        "import sys, pytest_rlkernel_matrix.machine.preflight\n"
         "heavy = [m for m in ('torch', 'vllm', 'megatron', 'numpy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -509,7 +509,7 @@ def test_import_does_not_pull_torch() -> None:
 
 def test_probe_runs_as_module() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_rlkernel_matrix._probe"],
+        [sys.executable, "-m", "pytest_rlkernel_matrix.machine._probe"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -553,7 +553,7 @@ def test_probe_reports_rl_engine_extension_and_megatron_source(tmp_path: Path) -
 
 def test_real_h200_preflight_recorded_through_the_device_tool() -> None:
     """tests/data/preflight/h200-device: `rlk-matrix preflight` on one lent H200 (2026-11-29)."""
-    from pytest_rlkernel_matrix.matrix import load_matrix
+    from pytest_rlkernel_matrix.spec.matrix import load_matrix
 
     folder = Path(__file__).parent / "data" / "preflight" / "h200-device"
     data = json.loads((folder / "preflight.json").read_text())

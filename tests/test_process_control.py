@@ -199,7 +199,7 @@ def test_concurrent_cells_in_one_process_stop_only_their_own(tmp_path: Path) -> 
     stops its own leftovers, never the other cell's processes."""
     import threading
 
-    from pytest_rlkernel_matrix.runner import run_cell_command
+    from pytest_rlkernel_matrix.run.runner import run_cell_command
 
     results = {}
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlkernel_matrix.redact import REDACTED, Scrubber, is_secret, secret_values
-from pytest_rlkernel_matrix.report import file_mode, write_json_atomic, write_text_atomic
+from pytest_rlkernel_matrix.store.atomic import file_mode, write_json_atomic, write_text_atomic
+from pytest_rlkernel_matrix.store.redact import REDACTED, Scrubber, is_secret, secret_values
 
 
 @contextmanager
@@ -56,7 +56,7 @@ def test_scrubber_replaces_values_longest_first_and_url_credentials() -> None:
 
 @pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
 def test_atomic_writes_follow_the_umask(tmp_path: Path, mask: int) -> None:
-    from pytest_rlkernel_matrix.html import write_html
+    from pytest_rlkernel_matrix.report.html import write_html
 
     with umask(mask):
         assert file_mode() == 0o666 & ~mask

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.launchers.slurm import MARKER_FILE, slurm_available
+from pytest_rlkernel_matrix.run.launchers.slurm import MARKER_FILE, slurm_available
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm-local.sh"

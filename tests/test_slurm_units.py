@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlkernel_matrix.attribution import attribute
-from pytest_rlkernel_matrix.launchers.base import CellJob
-from pytest_rlkernel_matrix.launchers.slurm import (
+from pytest_rlkernel_matrix.report.attribution import attribute
+from pytest_rlkernel_matrix.report.matrix_report import node_fingerprint_groups
+from pytest_rlkernel_matrix.run.launchers.base import CellJob
+from pytest_rlkernel_matrix.run.launchers.slurm import (
     MARKER_FILE,
     SlurmError,
     base_state,
@@ -28,8 +29,7 @@ from pytest_rlkernel_matrix.launchers.slurm import (
     seconds,
     time_limit,
 )
-from pytest_rlkernel_matrix.matrix import MatrixFileError, SlurmSection, load_matrix
-from pytest_rlkernel_matrix.report import node_fingerprint_groups
+from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, SlurmSection, load_matrix
 
 SCONTROL_TIMEOUT = (
     "JobId=3 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901758 "
@@ -74,7 +74,7 @@ def test_batch_script_options_marker_env_and_command(tmp_path: Path) -> None:
     assert next(i for i, ln in enumerate(body) if "run.log" in ln) > 2
     assert "export RL_KERNEL_MODE=audit" in lines
     assert "s3cret" not in script and "# HF_TOKEN: from the submitting environment" in script
-    assert "pytest_rlkernel_matrix.launchers.node" in script and '"tp": 2' in script
+    assert "pytest_rlkernel_matrix.run.launchers.node" in script and '"tp": 2' in script
     assert """bash -c 'echo "hi $X" && exit 3' >> "$RLK_RUN_DIR/run.log" 2>&1""" in script
     assert 'printf "%s\\n" "$code" > "$RLK_RUN_DIR/exit-code"' in script
 
@@ -209,7 +209,7 @@ class _RequeueOnce:
     name = "fake-slurm"
 
     def __init__(self) -> None:
-        from pytest_rlkernel_matrix.launchers.local import LocalLauncher
+        from pytest_rlkernel_matrix.run.launchers.local import LocalLauncher
 
         self.local = LocalLauncher()
         self.jobs: list[Path] = []
@@ -218,8 +218,8 @@ class _RequeueOnce:
         return None
 
     def wait(self, job: CellJob) -> object:
-        from pytest_rlkernel_matrix.launchers.base import Outcome
-        from pytest_rlkernel_matrix.runner import RunResult
+        from pytest_rlkernel_matrix.run.launchers.base import Outcome
+        from pytest_rlkernel_matrix.run.runner import RunResult
 
         self.jobs.append(job.run_dir)
         fps = {"hardware_fingerprint": "hw1", "build_fingerprint": "b1"}
@@ -246,8 +246,8 @@ class _RequeueOnce:
 
 
 def test_requeue_runs_once_more_into_a_fresh_directory(tmp_path: Path) -> None:
-    from pytest_rlkernel_matrix.cells import expand
     from pytest_rlkernel_matrix.session import MatrixSession
+    from pytest_rlkernel_matrix.spec.cells import expand
 
     fake = Path(__file__).with_name("fake_framework.py")
     path = tmp_path / "matrix.toml"

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_rlkernel_matrix.cells import Cases, expand
-from pytest_rlkernel_matrix.logscan import scan_log
-from pytest_rlkernel_matrix.matrix import MatrixFileError, MatrixSection, load_matrix
-from pytest_rlkernel_matrix.metrics import Sample, compute
-from pytest_rlkernel_matrix.runner import render_case_env
+from pytest_rlkernel_matrix.judge.logscan import scan_log
+from pytest_rlkernel_matrix.judge.metrics import Sample, compute
+from pytest_rlkernel_matrix.run.runner import render_case_env
+from pytest_rlkernel_matrix.spec.cells import Cases, expand
+from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, MatrixSection, load_matrix
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_case_env_redacts_secrets(tmp_path: Path) -> None:
 def test_sidecar_tp_duplicates_count_once_and_cp_masks_are_sliced() -> None:
     import torch
 
-    from pytest_rlkernel_matrix.evidence import _samples_from_sidecar
+    from pytest_rlkernel_matrix.judge.evidence import _samples_from_sidecar
 
     lp = [torch.tensor([-1.0, -2.0, -3.0, -4.0])]
     full_mask = [torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])]  # 8 response tokens

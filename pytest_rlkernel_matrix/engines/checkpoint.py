@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     args = ap.parse_args(argv)
     out = write_checkpoint(Path(args.out) if args.out else default_dir(), args.seed)
-    from pytest_rlkernel_matrix.preflight import fingerprint_model_dir
+    from pytest_rlkernel_matrix.machine.preflight import fingerprint_model_dir
 
     print(json.dumps({"path": str(out), **fingerprint_model_dir(out)}, indent=2))
     return 0

@@ -23,14 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.workload.env import SIDES, Env, UsageError, resolve_route
 from pytest_rlkernel_matrix.workload.job import (
     EXIT_USAGE,
-    SIDES,
-    Env,
     Rollout,
-    UsageError,
     readback,
-    resolve_route,
     write_json,
     write_sidecar,
 )
@@ -122,7 +119,7 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
         d.mkdir(parents=True, exist_ok=True)
     ck = Path(args.checkpoint) if args.checkpoint else ckpt_mod.default_dir()
     ckpt_mod.write_checkpoint(ck)
-    from pytest_rlkernel_matrix.preflight import fingerprint_model_dir
+    from pytest_rlkernel_matrix.machine.preflight import fingerprint_model_dir
     from pytest_rlkernel_matrix.workload.model import load_checkpoint
 
     hf_cfg = json.loads((ck / "config.json").read_text())

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from pytest_rlkernel_matrix.workload.kernels import SideKernels
-from pytest_rlkernel_matrix.workload.model import AttnInputs, LayerWeights
+from pytest_rlkernel_matrix.workload.weights import AttnInputs, LayerWeights
 
 from .mapping import ATTN_LEAVES, FFN_LEAVES, Shape, hf_to_megatron, megatron_to_hf
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from pytest_rlkernel_matrix.workload.kernels import MODULES, SideKernels, Tiling
-from pytest_rlkernel_matrix.workload.model import AttnInputs, KVCache, LayerWeights
+from pytest_rlkernel_matrix.workload.weights import AttnInputs, KVCache, LayerWeights
 
 from .megatron_side import rope_tables
 

@@ -38,8 +38,8 @@ class JsonReportIntegration:
         session = self.config.stash.get(SESSION_KEY, None)
         if session is None or getattr(session, "plan", False):
             return
-        from pytest_rlkernel_matrix.html import HTML_FILE
-        from pytest_rlkernel_matrix.report import REPORT_FILE, summarize
+        from pytest_rlkernel_matrix.report.html import HTML_FILE
+        from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, summarize
 
         info = {"summary": summarize(session.records.values()),
                 "report": str(session.root / REPORT_FILE), "matrix_root": str(session.root)}

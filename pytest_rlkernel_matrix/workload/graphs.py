@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from .kernels import SideKernels
-from .model import KVCache, Qwen3
+from .model import Qwen3
+from .weights import KVCache
 
 MIN_BUCKET = 16
 

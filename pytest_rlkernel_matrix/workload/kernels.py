@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import AttnInputs, LayerWeights
 from .parallel import Group, fixed_order_sum
+from .weights import AttnInputs, LayerWeights
 
 if TYPE_CHECKING:
     from types import ModuleType

@@ -1,0 +1,293 @@
+"""Attribution: which side of which module causes a drift or a slowdown, from the 2x2 cells.
+
+Per hardware and module, against the R/R baseline (others fixed):
+training effect = P/R - R/R, rollout effect = R/P - R/R,
+interaction = P/P - P/R - R/P + R/R; for drift (mean, p99, max |dlogp|, mismatch fraction) and
+phase times (rollout, training, weight sync, step). The one-line conclusion refuses rather than
+guesses: a needed cell that is not `valid` stops the drift conclusion; noisy, contaminated or
+fallback timings stop the performance conclusion, and a time ratio is stated only when each
+cell has at least two processes and the hierarchical bootstrap interval (processes, then steps)
+excludes 1 (stats.py); otherwise "no conclusion: ..." with the figures. Every ratio reads time
+with R over time with P (R/R over the cell with P on the side; below 1: R faster). A side's
+effect on step time is stated only when the phase that side runs carries it: the training side's
+step statement needs a conclusive training-phase ratio in the same direction that explains at
+least half of the step difference; otherwise the phase that did carry it is named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_rlkernel_matrix.judge.stats import (
+    DIRECTION,
+    NOISE,
+    ONE_PROCESS,
+    Ratio,
+    compare_processes,
+)
+from pytest_rlkernel_matrix.spec.limits import Policy
+from pytest_rlkernel_matrix.spec.terms import ALL_MODULES as MODULES
+
+DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
+         "mismatch_fraction")
+PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time", "step_wall_time")
+CELLS = ("R/R", "P/R", "R/P", "P/P")
+
+
+def _effects(values: Mapping[str, float | None]) -> dict[str, float | None]:
+    rr, pr, rp, pp = (values.get(c) for c in CELLS)
+    out: dict[str, float | None] = {"R/R": rr, "P/R": pr, "R/P": rp, "P/P": pp,
+                                    "training": None, "rollout": None, "interaction": None}
+    if rr is not None and pr is not None:
+        out["training"] = pr - rr
+    if rr is not None and rp is not None:
+        out["rollout"] = rp - rr
+    if None not in (rr, pr, rp, pp):
+        out["interaction"] = pp - pr - rp + rr  # type: ignore[operator]
+    return out
+
+
+def _drift_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> str:
+    def mism(case: str) -> int:
+        return int(cells[case].get("mismatch_count") or 0)
+
+    base = mism("R/R")
+    t, r = mism("P/R") > base, mism("R/P") > base
+    lead = f"R/R baseline itself drifts ({base} mismatching tokens); " if base else ""
+    if t and r:
+        mt = cells["P/R"].get("logprob_abs_diff_mean") or 0.0
+        mr = cells["R/P"].get("logprob_abs_diff_mean") or 0.0
+        side = "training" if mt > mr else "rollout"
+        return lead + (f"drift from both sides (mean |dlogp| training P {mt:.2e}, rollout P "
+                       f"{mr:.2e}; larger on the {side} side)")
+    if t:
+        return lead + "drift from the training side"
+    if r:
+        return lead + "drift from the rollout side"
+    if mism("P/P") > base:
+        return lead + "drift only when both sides are P (interaction)"
+    return lead + "no drift from either side"
+
+
+def policy_of(records: Sequence[Mapping[str, Any]]) -> Policy:
+    """The declared limits the records were judged with (the first that carries them)."""
+    for rec in records:
+        if isinstance(rec.get("performance_policy"), Mapping):
+            return Policy.from_mapping(rec["performance_policy"])
+    return Policy()
+
+
+def steps(record: Mapping[str, Any], phase: str) -> list[float]:
+    """Every measured step's time for `phase` (warmup excluded), from the record."""
+    return [v for group in process_steps(record, phase) for v in group]
+
+
+def process_steps(record: Mapping[str, Any], phase: str) -> list[list[float]]:
+    """The measured steps of `phase` per process: `phase_spread.<phase>.processes` (a list of
+    per-process step lists) when the record has it, else its `steps` as one process."""
+    entry = (record.get("phase_spread") or {}).get(phase) or {}
+    procs = entry.get("processes")
+    if isinstance(procs, list) and procs and all(isinstance(p, list) for p in procs):
+        return [[float(v) for v in p] for p in procs if p]
+    values = entry.get("steps")
+    if isinstance(values, list) and values:
+        return [[float(v) for v in values]]
+    return []
+
+
+def timing_ratio(num: Mapping[str, Any], den: Mapping[str, Any], phase: str, label: str,
+                 policy: Policy) -> Ratio:
+    """`num`'s over `den`'s time for `phase` under the rule; timings that are not usable (noise,
+    contamination, wrong route) never support a statement, whatever the interval says."""
+    ratio = compare_processes(process_steps(num, phase), process_steps(den, phase), policy, label)
+    for name, rec in (("numerator", num), ("denominator", den)):
+        if not rec.get("performance_usable"):
+            why = (rec.get("validity") or {}).get("performance", {}).get("reasons") or [
+                f"verdict {rec.get('verdict')}"]
+            ratio.refuse(NOISE, f"{name} {rec.get('case')} timings not usable: {why[0]}")
+    return ratio
+
+
+# (side, case with P on that side, the phase that side runs)
+SIDES = (("training", "P/R", "training_wall_time"), ("rollout", "R/P", "rollout_wall_time"))
+STEP_PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time")
+
+
+def _label(phase: str) -> str:
+    return phase.removesuffix("_wall_time").replace("_", " ")
+
+
+def carrier(rr: Mapping[str, Any], other: Mapping[str, Any], own: str) -> str | None:
+    """Why the step difference between `rr` and `other` is not the `own` phase's (None: it is).
+
+    Carried means: the `own` phase's median difference has the step difference's sign and is at
+    least half of it. Otherwise the reason names the phase with the largest difference of that
+    sign, which does not run the side's kernels."""
+    def delta(phase: str) -> float | None:
+        a, b = rr.get(phase), other.get(phase)
+        return None if a is None or b is None else float(a) - float(b)
+
+    step = delta("step_wall_time")
+    if step is None or step == 0:
+        return None
+    mine = delta(own)
+    if mine is not None and mine * step > 0 and abs(mine) >= 0.5 * abs(step):
+        return None
+    case = other.get("case")
+    shown = "unknown" if mine is None else f"{mine:+.3g} s"
+    why = (f"the step difference (R/R - {case} {step:+.3g} s) is not carried by the "
+           f"{_label(own)} phase ({shown})")
+    others = {p: delta(p) for p in STEP_PHASES if p != own}
+    same = {p: d for p, d in others.items() if d is not None and d * step > 0}
+    if same:
+        top = max(same, key=lambda p: abs(same[p]))
+        side, other = (("training", "rollout") if own == "training_wall_time"
+                       else ("rollout", "training"))
+        why += f"; the {_label(top)} phase carries it ({same[top]:+.3g} s), " + (
+            f"which runs the same {other} side in both cells" if top == f"{other}_wall_time"
+            else f"which is not the {side} side's phase")
+    return why
+
+
+def side_ratios(rr: Mapping[str, Any], other: Mapping[str, Any],
+                policy: Policy) -> tuple[Ratio, Ratio, str | None]:
+    """For a cell with P on one side (P/R: training, R/P: rollout): the side's own phase ratio
+    and the step ratio (both R/R over `other`), the step ratio refused unless the side's phase
+    carries the step difference, and the reason when it was refused for that."""
+    case = other.get("case")
+    phase = dict((c, ph) for _, c, ph in SIDES)[str(case)]
+    own = timing_ratio(rr, other, phase, f"{_label(phase)} time R/R / {case}", policy)
+    step = timing_ratio(rr, other, "step_wall_time", f"step time R/R / {case}", policy)
+    note = carrier(rr, other, phase)
+    if note is None and step.conclusive and own.conclusion != step.conclusion:
+        note = (f"the {_label(phase)} phase ratio ({own.label} {own.figures()}: "
+                f"{own.conclusion}) does not support it")
+    if note:
+        step.refuse(f"no statement: not carried by the {_label(phase)} phase", note)
+    return own, step, note
+
+
+def _time_conclusion(cells: Mapping[str, Mapping[str, Any]],
+                     policy: Policy) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """Per side: time with R on that side (R/R) over time with P on it, under the rule; the
+    side's step statement only when its own phase carries the step difference."""
+    refused: list[str] = []
+    prints = {(c.get("hardware_fingerprint"), c.get("build_fingerprint")) for c in cells.values()}
+    if len(prints) > 1:
+        # Cells run on different nodes (Slurm) with different hardware or builds: like a
+        # comparison across hardware, no timing ratio is drawn across them.
+        shown = ", ".join(f"{case}: {cells[case].get('hardware_fingerprint')}/"
+                          f"{cells[case].get('build_fingerprint')}" for case in CELLS)
+        refused.append(f"cells ran under different hardware/build fingerprints ({shown})")
+        return "no performance conclusion (cells ran on nodes that differ)", refused, []
+    for case in CELLS:
+        c = cells[case]
+        if not c.get("performance_usable"):
+            why = "; ".join((c.get("validity") or {}).get("performance", {}).get("reasons", [])[:2])
+            refused.append(f"{case} timings not usable ({why or c.get('verdict')})")
+    rr = cells["R/R"]
+    ratios: list[Ratio] = []
+    parts: list[str] = []
+    notes: list[str] = []
+    for side, case, phase in SIDES:
+        own, step, note = side_ratios(rr, cells[case], policy)
+        if note:
+            notes.append(f"no {side}-side step statement: {note}")
+        ratios += [own, step]
+        for r, what in ((own, _label(phase)), (step, "step")):
+            if r.conclusive and r.ratio is not None:
+                pct = 100.0 * (r.ratio - 1.0) if r.ratio >= 1 else 100.0 * (1.0 - r.ratio)
+                parts.append(f"R on the {side} side {pct:.0f}% {r.conclusion} in {what} than P "
+                             f"({r.label} {r.figures()})")
+    figures = "; ".join(f"{r.label} {r.figures()}" for r in ratios
+                        if r.label.startswith("step") and r.ratio is not None)
+    if figures:
+        figures = f"{figures} ({DIRECTION})"
+    if parts:
+        text = "; ".join(parts + notes) + f" ({DIRECTION})"
+    elif refused:
+        text = (f"{NOISE} or contamination ({refused[0]}"
+                + (f"; figures: {figures}" if figures else "") + ")")
+    elif all(r.conclusion == ONE_PROCESS for r in ratios):
+        shown = "; ".join(([figures] if figures else []) + notes)
+        text = ONE_PROCESS + (f" ({shown})" if shown else "")
+    else:
+        why = "; ".join(dict.fromkeys(x for r in ratios for x in r.reasons))
+        text = f"{NOISE} ({'; '.join(([figures] if figures else []) + notes + [why])})"
+    return text, refused, [r.as_dict() for r in ratios]
+
+
+def _signature(cell: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    keys = ("mismatch_count", "active_token_count", "logprob_abs_diff_mean",
+            "logprob_abs_diff_max")
+    values = tuple(cell.get(k) for k in keys)
+    return None if None in values or not cell.get("mismatch_count") else values
+
+
+def baseline_suspects(records: Sequence[Mapping[str, Any]], hardware: str) -> list[str]:
+    """When R/R breaks its contract, the single-module P cells it drifts *exactly* like.
+
+    A deterministic job whose R/R run secretly runs P for one side of one module produces the
+    same logprobs as that module's P cell on that side, so equal drift statistics point at it.
+    """
+    rr = next((r for r in records if r.get("hardware") == hardware and r.get("baseline")), None)
+    if rr is None or rr.get("verdict") != "contract_mismatch":
+        return []
+    sig = _signature(rr)
+    out: list[str] = []
+    for r in records:
+        if (r.get("hardware") == hardware and r.get("module") in MODULES
+                and r.get("case") in ("P/R", "R/P") and _signature(r) == sig):
+            side = "training" if r["case"] == "P/R" else "rollout"
+            out.append(f"{r['module']} {side}")
+    return out
+
+
+def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (hardware, module) that has its 2x2 cells in the report."""
+    by_key: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+    for rec in records:
+        if rec.get("module") in MODULES and rec.get("case") in CELLS:
+            by_key.setdefault((str(rec["hardware"]), str(rec["module"])), {})[rec["case"]] = rec
+    out: list[dict[str, Any]] = []
+    policy = policy_of(records)
+    for (hardware, module), cells in sorted(by_key.items(),
+                                            key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))):
+        entry: dict[str, Any] = {"hardware": hardware, "module": module, "refused": []}
+        missing = [c for c in CELLS if c not in cells]
+        if missing == ["P/R", "R/P"]:
+            pp_drift = (cells["P/P"].get("mismatch_count") or 0) > (
+                cells["R/R"].get("mismatch_count") or 0)
+            entry["conclusion"] = (f"{module}: P/P {'drifts' if pp_drift else 'does not drift'} "
+                                   "against R/R; run the pairwise layout to tell which side")
+            out.append(entry)
+            continue
+        if missing:
+            entry["refused"].append(f"cells not in this run: {', '.join(missing)}")
+            entry["conclusion"] = f"{module}: no conclusion (missing {', '.join(missing)})"
+            out.append(entry)
+            continue
+        entry["effects"] = {
+            "drift": {m: _effects({c: cells[c].get(m) for c in CELLS}) for m in DRIFT},
+            "time": {p: _effects({c: cells[c].get(p) for c in CELLS}) for p in PHASES},
+        }
+        invalid = [f"{c} is {cells[c].get('verdict')}" for c in CELLS
+                   if cells[c].get("verdict") != "valid"]
+        suspects = baseline_suspects(records, hardware)
+        entry["refused"].extend(invalid)
+        if suspects:
+            entry["suspects"] = suspects
+            drift = (f"R/R breaks its bitwise contract and drifts exactly like "
+                     f"{' and '.join(s + '-P' for s in suspects)}: suspect a silent fallback "
+                     f"to P on the {' / '.join(suspects)} side")
+        elif invalid:
+            drift = f"no drift conclusion ({'; '.join(invalid)})"
+        else:
+            drift = _drift_conclusion(cells)
+        timing, refused, ratios = _time_conclusion(cells, policy)
+        entry["refused"].extend(refused)
+        entry["timing"] = ratios
+        entry["conclusion"] = f"{module}: {drift}; {timing}"
+        out.append(entry)
+    return out

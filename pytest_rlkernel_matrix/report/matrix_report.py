@@ -1,0 +1,119 @@
+"""`matrix-report.json`: the session report over every cell's record, and its terminal table.
+
+The records come from `report.record`; this module orders them, counts the verdicts,
+groups the nodes' fingerprints and adds the attribution (`report.attribution`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_rlkernel_matrix.report.attribution import attribute
+from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
+
+REPORT_SCHEMA = "rlk-matrix.report.v1"
+
+
+REPORT_FILE = "matrix-report.json"
+
+
+def node_fingerprint_groups(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per hardware profile: which cells ran under which (hardware, build) fingerprint pair, and
+    a flag per profile whose cells ran on nodes that differ (times across them are refused)."""
+    groups: dict[str, dict[tuple[Any, Any], dict[str, Any]]] = {}
+    for r in records:
+        if r.get("verdict") == "not_run" or not r.get("artifact_dir"):
+            continue
+        key = (r.get("hardware_fingerprint"), r.get("build_fingerprint"))
+        entry = groups.setdefault(str(r["hardware"]), {}).setdefault(
+            key, {"hardware_fingerprint": key[0], "build_fingerprint": key[1], "nodes": [],
+                  "cells": []})
+        nodes = (r.get("scheduler") or {}).get("nodes")
+        if nodes and nodes not in entry["nodes"]:
+            entry["nodes"].append(nodes)
+        entry["cells"].append(f"{r['module']} {r['case']}")
+    out: dict[str, Any] = {"flags": [], "groups": {}}
+    for hardware, by_fp in sorted(groups.items()):
+        out["groups"][hardware] = list(by_fp.values())
+        if len(by_fp) > 1:
+            parts = [f"hardware {g['hardware_fingerprint']} / build {g['build_fingerprint']} "
+                     f"on {', '.join(g['nodes']) or '?'} ({plural(len(g['cells']), 'cell')})"
+                     for g in by_fp.values()]
+            out["flags"].append(
+                f"{hardware}: cells ran on nodes with different fingerprints: "
+                + "; ".join(parts) + "; performance comparisons across them are refused")
+    return out
+
+
+def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    counts = Counter(str(r.get("verdict")) for r in records)
+    return dict(sorted(counts.items()))
+
+
+def build_report(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    matrix: Mapping[str, Any],
+    matrix_root: Path,
+    preflight: Mapping[str, Any] | None,
+    created: str,
+    expected_cells: int,
+    interrupted: bool,
+) -> dict[str, Any]:
+    ordered = sorted(records, key=lambda r: (r["hardware"], cell_order(r)))
+    return {
+        "schema_version": REPORT_SCHEMA,
+        "created": created,
+        "matrix": dict(matrix),
+        "matrix_root": str(matrix_root),
+        "complete": len(records) == expected_cells and not interrupted,
+        "interrupted": interrupted,
+        "expected_cells": expected_cells,
+        "summary": summarize(records),
+        "preflight": dict(preflight or {}),
+        "node_fingerprints": node_fingerprint_groups(ordered),
+        "attribution": attribute(ordered),
+        "cells": ordered,
+    }
+
+
+def cell_order(record: Mapping[str, Any]) -> tuple[int, str, int]:
+    """Sort key within one hardware: modules in matrix order, then R/R, P/R, R/P, P/P."""
+    module_rank = ALL_MODULES.index(record["module"]) if record["module"] in ALL_MODULES else 9
+    case_rank = ("R/R", "P/R", "R/P", "P/P").index(record["case"]) if record["case"] in (
+        "R/R", "P/R", "R/P", "P/P") else 9
+    return (module_rank, str(record["case"]) if case_rank == 9 else "", case_rank)
+
+
+def _fmt_s(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.2f}s"
+
+
+def _fmt_d(value: Any) -> str:
+    return "-" if value is None else (f"{float(value):.2e}" if value else "0")
+
+
+def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The request's report template as a terminal table."""
+    head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
+            "max|dlogp|", "mismatch", "rollout", "train", "sync", "step", "verdict")
+    rows = [head]
+    for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
+        rows.append((
+            str(r["hardware"]), str(r["module"]), str(r["case"]),
+            str(r.get("actual_training_implementation") or "-"),
+            str(r.get("actual_rollout_implementation") or "-"),
+            "yes" if r.get("fallbacks") else "no",
+            _fmt_d(r.get("logprob_abs_diff_max")),
+            "-" if r.get("active_token_count") is None else
+            f"{r.get('mismatch_count', 0)}/{r.get('active_token_count')}",
+            _fmt_s(r.get("rollout_wall_time")), _fmt_s(r.get("training_wall_time")),
+            _fmt_s(r.get("weight_sync_wall_time")), _fmt_s(r.get("step_wall_time")),
+            str(r["verdict"]),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]

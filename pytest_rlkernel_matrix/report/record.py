@@ -1,0 +1,275 @@
+"""Cell records and `matrix-report.json`: built from artifacts alone, written atomically.
+
+`analyze_run` is the one analysis path: the pytest session and `rlk-matrix report` both call it
+on a run directory (its `cell-run.json` plus the artifacts), so re-analysis reproduces a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, read_evidence
+from pytest_rlkernel_matrix.judge.verdict import Decision, Policy, contract_id, decide
+from pytest_rlkernel_matrix.run.contamination import read_measurement
+from pytest_rlkernel_matrix.run.runner import RunResult
+from pytest_rlkernel_matrix.spec.cells import Cases, Cell
+from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
+from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
+from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
+from pytest_rlkernel_matrix.store.redact import Scrubber
+
+CELL_RUN_FILE = "cell-run.json"
+METRIC_FIELDS = (
+    "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
+    "logprob_abs_diff_p50", "logprob_abs_diff_p90", "logprob_abs_diff_p99", "mismatch_count",
+    "bitwise_mismatch_count", "mismatch_fraction", "mismatch_kl", "mismatch_k3_kl",
+    "sample_count", "rank_count", "nonfinite_count",
+)
+
+
+def cell_from_dict(data: Mapping[str, Any]) -> Cell:
+    cases = data["cases"]
+    return Cell(str(data["hardware"]), str(data["module"]), str(data["case"]),
+                Cases(cases["attention"], cases["ffn"], cases["logp"], cases.get("comm", "")))
+
+
+def cell_to_dict(cell: Cell) -> dict[str, Any]:
+    return {"hardware": cell.hardware, "module": cell.module, "case": cell.case,
+            "cases": cell.cases.as_dict()}
+
+
+def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
+    routes: dict[str, Any] = {}
+    for module in cell.cases.modules:
+        entry: dict[str, Any] = {"requested": cell.cases.of(module)}
+        for side in SIDES:
+            r = ev.routes[side].get(module)
+            entry[side] = None if r is None else {
+                "implementation": r.implementation, "backend_ids": r.backend_ids,
+                "call_count": r.call_count, "processes": r.processes, "fallback": r.fallback,
+                "runtime_platforms": r.runtime_platforms, "execution_modes": r.execution_modes,
+                "contract": r.contracts[0] if len(r.contracts) == 1 else (r.contracts or None),
+            }
+        routes[module] = entry
+    out: dict[str, Any] = {"routes": routes}
+    focus = [cell.module] if cell.module in ALL_MODULES else list(cell.cases.modules)
+    for side in SIDES:
+        impls, backends = [], []
+        for module in focus:
+            side_route = routes[module][side]
+            prefix = "" if len(focus) == 1 else f"{module}="
+            if side_route is None:
+                impls.append(f"{prefix}unreported")
+                backends.append(f"{prefix}unreported")
+            else:
+                impls.append(f"{prefix}{side_route['implementation']}")
+                backends.append(prefix + ",".join(side_route["backend_ids"]))
+        out[f"actual_{side}_implementation"] = ";".join(impls)
+        out[f"{side}_backend_id"] = ";".join(backends)
+    return out
+
+
+def read_cell_run(run_dir: Path) -> dict[str, Any]:
+    """`cell-run.json` as a dict; `ValueError` naming the file and key when it is unusable."""
+    from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, read_bytes
+
+    path = run_dir / CELL_RUN_FILE
+    try:
+        meta = json.loads(read_bytes(path, run_dir, MAX_JSON_BYTES).decode("utf-8"))
+    except (Refused, OSError, ValueError, RecursionError) as exc:
+        raise ValueError(f"{path}: unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    for key, kind in (("cell", dict), ("run", dict), ("mode", str)):
+        if not isinstance(meta.get(key), kind):
+            raise ValueError(f"{path}: key {key!r} missing or not a {kind.__name__}")
+    return meta
+
+
+def error_record(cell: Cell, mode: str, reason: str, artifact_dir: str | None) -> dict[str, Any]:
+    """A cell whose run directory cannot be analysed: `error`, failed, with the reason."""
+    record = not_run_record(cell, mode, reason, "error")
+    record.update(failed=True, artifact_dir=artifact_dir)
+    return record
+
+
+def analyze_run(
+    run_dir: Path,
+    *,
+    gaps: Sequence[ExpectedGap] = (),
+    fingerprints: Mapping[str, str] | None = None,
+    cell: Cell | None = None,
+    mode: str | None = None,
+    artifact_dir: str | None = None,
+    scrubber: Scrubber | None = None,
+) -> dict[str, Any]:
+    """One record for the run in `run_dir` (labelled with the cell that ran it).
+
+    Never raises for bad artifacts: an unusable `cell-run.json` (or an analysis failure) is an
+    `error` record for `cell` (the caller's, since the file cannot say) with the reason.
+    Every string in it is scrubbed of secret values (`redact`): the session passes the scrubber
+    that knows the cell's secrets; without one, the secrets of this process's environment.
+    """
+    scrub = (scrubber or Scrubber.from_env(os.environ)).obj
+    try:
+        meta = read_cell_run(run_dir)
+        run_cell = cell_from_dict(meta["cell"])
+        run = RunResult(**meta["run"])
+    except (ValueError, TypeError, KeyError) as exc:
+        if cell is None:
+            raise
+        return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
+    try:
+        ev = read_evidence(run_dir)
+        decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
+                          env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
+                          gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
+                          blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
+                          policy=Policy.from_meta(meta),
+                          performance_policy=PerformancePolicy.from_mapping(
+                              meta.get("performance_policy")))
+        # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
+        # gap for runs recorded without them.
+        fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
+        record = build_record(run_cell, meta, run, ev, decision, fps)
+        scheduler = meta.get("scheduler")
+        if isinstance(scheduler, dict):
+            _judge_node(record, run_cell, scheduler, fps)
+        return scrub(record)
+    except Exception as exc:  # a bug or a shape no reader foresaw: this cell is an error
+        return scrub(error_record(cell or run_cell, str(meta["mode"]),
+                                  f"analysis failed: {type(exc).__name__}: {str(exc)[:300]}",
+                                  meta.get("artifact_dir") or artifact_dir))
+
+
+def _judge_node(record: dict[str, Any], cell: Cell, scheduler: Mapping[str, Any],
+                fingerprints: Mapping[str, str]) -> None:
+    """A job's node must be fingerprinted and be the hardware the cell names (fail closed)."""
+    record["scheduler"] = dict(scheduler)
+    problems: list[str] = []
+    ran = scheduler.get("state") in ("COMPLETED", "FAILED")
+    if ran and not (fingerprints.get("hardware_fingerprint")
+                    and fingerprints.get("build_fingerprint")):
+        problems.append(
+            f"node preflight missing: Slurm job {scheduler.get('job_id')} on "
+            f"{scheduler.get('nodes') or '?'} left no readable node-preflight.json (see "
+            "node-preflight.log); the node's hardware and build are unknown")
+    node_hw = scheduler.get("node_hardware", cell.hardware)
+    if ran and "node_hardware" in scheduler and node_hw != cell.hardware:
+        problems.append(
+            f"node hardware: Slurm job {scheduler.get('job_id')} ran on "
+            f"{scheduler.get('nodes') or '?'}, detected as "
+            f"{node_hw or 'no profile of the matrix'}, not {cell.hardware}")
+    if problems:
+        record["reasons"] = problems + list(record.get("reasons") or [])
+        if record["verdict"] in ("valid", "contract_mismatch", "incomparable"):
+            record["verdict"] = "error"
+        record["failed"] = record["failed"] or record["verdict"] == "error"
+        record["performance_usable"] = False
+
+
+def build_record(
+    cell: Cell,
+    meta: Mapping[str, Any],
+    run: RunResult,
+    ev: Evidence,
+    decision: Decision,
+    fingerprints: Mapping[str, str],
+) -> dict[str, Any]:
+    metrics = ev.metrics.as_dict() if ev.metrics else {}
+    phases, spread = ev.log.phases(int(meta.get("warmup", 0)))
+    record: dict[str, Any] = {
+        "hardware": cell.hardware,
+        "module": cell.module,
+        "case": cell.case,
+        "requested_case": cell.cases.of(cell.module) if cell.module in ALL_MODULES else cell.case,
+        "cases": cell.cases.as_dict(),
+        "baseline": cell.is_baseline,
+        "run_key": cell.run_key,
+        "run_id": meta.get("run_id"),
+        "artifact_dir": meta.get("artifact_dir"),
+        "shared_with": [],
+        "mode": meta.get("mode"),
+        "verdict": decision.verdict,
+        "reasons": decision.reasons,
+        "failed": decision.failed,
+        "unsupported_class": decision.unsupported_class,
+        "expected_gap": decision.expected_gap,
+        "validity": {k: {"valid": j.valid, "reasons": j.reasons}
+                     for k, j in decision.judgements.items()},
+        "performance_usable": decision.performance_usable,
+        **_route_fields(cell, ev),
+        "contract_id": contract_id(ev),
+        "contract": decision.contract,
+        "contract_judged": decision.contract.get("kind") in ("bitwise", "tolerance"),
+        "build_fingerprint": fingerprints.get("build_fingerprint"),
+        "hardware_fingerprint": fingerprints.get("hardware_fingerprint"),
+        "fallbacks": ev.fallbacks + [
+            {"source": "run.log", "line": line} for line in ev.log.fallback_lines
+        ],
+        "exit_code": run.exit_code,
+        "timed_out": run.timed_out,
+        "scheduler": meta.get("scheduler"),
+        "process_wall_time": run.wall_time,
+        "devices": meta.get("devices"),
+        "worker": meta.get("worker"),
+        "cpu_share": meta.get("cpu_share"),
+        "window": meta.get("window"),
+        **{k: metrics.get(k) for k in METRIC_FIELDS},
+        **phases,
+        "phase_spread": spread,
+        "logprob_source": ev.logprob_source,
+        "readbacks": ev.readback_files,
+        "sidecar_count": len(ev.sidecar_files),
+        "sidecar_schema": ev.sidecar_schema,
+        "weight_versions": ev.weight_versions,
+        "capability": ev.capability,
+        "log_errors": ev.log.errors,
+        "contamination": ev.log.contamination,
+        "contamination_measured": read_measurement(ev.root),
+        "performance_policy": PerformancePolicy.from_mapping(
+            meta.get("performance_policy")).as_dict(),
+        "fault_drill": (ev.manifest or {}).get("fault_drill"),
+        "worst_tokens": metrics.get("worst_tokens", []),
+        "first_mismatch": metrics.get("first_mismatch", []),
+        "first_mismatch_summary": metrics.get("first_mismatch_summary", {}),
+        "dlogp_histogram": metrics.get("histogram", {}),
+    }
+    return record
+
+
+def alias_record(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
+    """The same run reported under another (module, case) that names it."""
+    out = dict(record)
+    requested = cell.cases.of(cell.module) if cell.module in ALL_MODULES else cell.case
+    out.update(module=cell.module, case=cell.case, requested_case=requested)
+    out.update(_alias_routes(record, cell))
+    return out
+
+
+def _alias_routes(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
+    routes = record.get("routes") or {}
+    if cell.module not in ALL_MODULES or cell.module not in routes:
+        return {}
+    out: dict[str, Any] = {}
+    for side in SIDES:
+        r = routes[cell.module].get(side)
+        out[f"actual_{side}_implementation"] = r["implementation"] if r else "unreported"
+        out[f"{side}_backend_id"] = ",".join(r["backend_ids"]) if r else "unreported"
+    return out
+
+
+def not_run_record(cell: Cell, mode: str, reason: str, verdict: str) -> dict[str, Any]:
+    return {
+        "hardware": cell.hardware, "module": cell.module, "case": cell.case,
+        "requested_case": cell.cases.of(cell.module) if cell.module in ALL_MODULES else cell.case,
+        "cases": cell.cases.as_dict(), "baseline": cell.is_baseline, "run_key": cell.run_key,
+        "mode": mode, "verdict": verdict, "reasons": [reason], "failed": False,
+        "artifact_dir": None, "run_id": None,
+    }
+
+

@@ -1,0 +1,6 @@
+"""Running one cell's process: the environment contract and the process (`runner`), the
+launchers (local, Slurm), whole-tree process control (`procs`), the matrix root's lock
+(`rootlock`), device sets (`devices`) and contamination sampling (`contamination`).
+
+May import: `store`, `spec`, `machine`; never `judge`, `report` or the pytest face.
+"""

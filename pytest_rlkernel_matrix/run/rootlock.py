@@ -1,0 +1,109 @@
+"""One session per matrix root: an exclusive `fcntl.flock` on `<root>/.rlk-session.lock`.
+
+The session (the xdist controller, not its workers) takes the lock before preflight and holds it
+until pytest exits; the kernel drops it when the process dies, so a killed session never leaves
+a stale lock behind. The file keeps the holder's pid, host, start time and command line for the
+error a second session gets. `rlk-matrix report` takes the same lock, so it never rewrites a
+report under a running session. (`fcntl.flock`, stdlib: see `session` for why not `filelock`.)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from pytest_rlkernel_matrix.store.redact import Scrubber
+
+LOCK_FILE = ".rlk-session.lock"
+
+
+class RootError(Exception):
+    """The matrix root cannot be claimed (the message names it and says why)."""
+
+
+class RootBusy(RootError):
+    """Another process holds the matrix root."""
+
+
+class RootUnusable(RootError):
+    """The matrix root is not a directory this process can write: a file, under a file,
+    read-only, not permitted."""
+
+
+def unusable(root: Path, exc: OSError) -> str:
+    """Why `root` cannot hold a matrix run, naming the path at fault."""
+    for path in (root, *root.parents):
+        try:
+            is_other = path.exists() and not path.is_dir()
+        except OSError:
+            is_other = False
+        if is_other:
+            where = "is" if path == root else f"lies under {path}, which is"
+            return (f"matrix root {root} {where} a file, not a directory: pass a directory "
+                    "as --rlk-matrix-root (or MATRIX_ROOT)")
+    reason = exc.strerror or type(exc).__name__
+    return (f"matrix root {root} cannot be written: {reason}: {exc.filename or root} "
+            "(pass a writable directory as --rlk-matrix-root, or MATRIX_ROOT)")
+
+
+@dataclass
+class RootLock:
+    path: Path
+    handle: IO[str] | None
+
+    def release(self) -> None:
+        if self.handle is not None:
+            try:
+                fcntl.flock(self.handle, fcntl.LOCK_UN)
+            finally:
+                self.handle.close()
+                self.handle = None
+
+
+def holder(path: Path) -> str:
+    """`pid N on HOST since TIME (command)` from a lock file, as far as it can be read."""
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict) or not data.get("pid"):
+        return "holder unknown (the lock was taken a moment ago or its file is unreadable)"
+    text = f"pid {data.get('pid')} on {data.get('host', '?')} since {data.get('started', '?')}"
+    return text + (f" ({data['command']})" if data.get("command") else "")
+
+
+def claim(root: Path, what: str = "pytest") -> RootLock:
+    """Take `root`'s lock without waiting, or raise RootBusy naming the root and the holder
+    (RootUnusable when the root is a file, under a file or not writable)."""
+    path = root / LOCK_FILE
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+", encoding="utf-8")
+    except OSError as exc:
+        raise RootUnusable(unusable(root, exc)) from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise RootBusy(
+            f"matrix root {root} is in use by another session: {holder(path)}; one session per "
+            "matrix root (wait for it, or pass another --rlk-matrix-root / MATRIX_STAMP)"
+        ) from None
+    info = {
+        "pid": os.getpid(), "host": socket.gethostname(),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": Scrubber.from_env(os.environ, sys.argv).text(
+            f"{what} {' '.join(sys.argv[1:])}"[:300]),
+    }
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps(info) + "\n")
+    handle.flush()
+    return RootLock(path, handle)

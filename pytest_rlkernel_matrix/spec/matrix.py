@@ -1,0 +1,430 @@
+"""The `matrix.toml` schema (pydantic v2) and its loader.
+
+Every model forbids unknown keys, so a typo is an error naming the file and key path, not a
+silently ignored setting. `load_matrix` turns a bad file into `MatrixFileError`, which the plugin
+raises as a pytest usage error (one paragraph, no traceback).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pytest_rlkernel_matrix.spec.terms import CASES, MODULES, plural
+
+Module = Literal["attention", "ffn", "logp", "comm"]
+Mode = Literal["strict", "audit", "auto", "off"]
+Layout = Literal["pairwise", "reduced", "module-factorial", "full"]
+Backend = Literal["cuda", "rocm", "cpu"]
+
+_CASE_RE = re.compile(r"^[PR]/[PR]$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+class MatrixFileError(Exception):
+    """A matrix file that cannot be used; the message names the file and the key path."""
+
+
+def normalize_case(value: object) -> str:
+    """Parse a case the way RL-Kernel does (`strip().upper()`): `p/r` -> `P/R`."""
+    if not isinstance(value, str):
+        raise ValueError(f"a case is a string like 'P/R', got {type(value).__name__}")
+    case = value.strip().upper()
+    if not _CASE_RE.match(case):
+        raise ValueError(
+            f"{value!r} is not a case: expected one of {', '.join(CASES)} "
+            "(first letter = training side, second = rollout side; P = production, R = RL-Kernel)"
+        )
+    return case
+
+
+Case = Annotated[str, Field(description="training/rollout, e.g. 'P/R'")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BaselineContract(_Strict):
+    """`[matrix] baseline_contract`: the site's numeric claim for the all-R baseline.
+
+    `"bitwise"` (every active token's logprob identical on both sides) or
+    `{ kind = "tolerance", max_abs_diff = x }` (every active token's |dlogp| at most x, finite).
+    """
+
+    kind: Literal["bitwise", "tolerance"]
+    max_abs_diff: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                       description="largest allowed |dlogp| (tolerance only)")
+
+    @model_validator(mode="after")
+    def _limit(self) -> BaselineContract:
+        if self.kind == "tolerance" and self.max_abs_diff is None:
+            raise ValueError("a tolerance contract needs max_abs_diff (a finite float >= 0)")
+        if self.kind == "bitwise" and self.max_abs_diff is not None:
+            raise ValueError("a bitwise contract takes no max_abs_diff")
+        return self
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": self.kind}
+        if self.kind == "tolerance":
+            out["max_abs_diff"] = self.max_abs_diff
+        return out
+
+
+class MatrixSection(_Strict):
+    """`[matrix]`: what the matrix varies and how it is judged by default."""
+
+    name: str = "rl-kernel-ablation"
+    modules: tuple[Module, ...] = MODULES
+    cases: tuple[Case, ...] = CASES
+    fixed_case: Case = "R/R"
+    layout: Layout = "pairwise"
+    mode: Mode = "audit"
+    aligned: bool = True
+    baseline_contract: BaselineContract | None = Field(
+        default=None,
+        description="the site's own numeric claim for the all-R aligned baseline: \"bitwise\" "
+        "or { kind = \"tolerance\", max_abs_diff = <finite float> }",
+    )
+    min_samples_per_rank: int = Field(default=1, ge=1,
+                                      description="logprob samples every sidecar rank must hold")
+    min_active_tokens: int = Field(default=1, ge=1,
+                                   description="active (mask=1) tokens the logprob evidence holds")
+
+    @field_validator("baseline_contract", mode="before")
+    @classmethod
+    def _contract(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value.strip().lower() != "bitwise":
+                raise ValueError(
+                    f"{value!r} is not a contract: use \"bitwise\" or a table "
+                    "{ kind = \"tolerance\", max_abs_diff = <finite float> }"
+                )
+            return {"kind": "bitwise"}
+        return value
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _cases(cls, value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            return tuple(normalize_case(v) for v in value)
+        return value
+
+    @field_validator("fixed_case", mode="before")
+    @classmethod
+    def _fixed(cls, value: object) -> str:
+        return normalize_case(value)
+
+    @field_validator("modules", "cases")
+    @classmethod
+    def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("must name at least one entry")
+        if len(set(value)) != len(value):
+            raise ValueError(f"entries must be unique, got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _baseline(self) -> MatrixSection:
+        if "R/R" not in self.cases:
+            raise ValueError(
+                "cases must include 'R/R': it is the aligned baseline every other cell is "
+                "compared against and is never omitted"
+            )
+        return self
+
+
+_SLURM_TIME_RE = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$"
+)
+# sbatch options the launcher sets itself (each cell's directory, name and output depend on them).
+SLURM_OWNED_OPTIONS = ("--output", "--error", "--chdir", "--job-name", "--parsable", "--export",
+                       "--requeue", "--no-requeue", "--wrap", "-o", "-e", "-D", "-J")
+
+
+class SlurmSection(_Strict):
+    """`[runner.slurm]`: how `launcher = "slurm"` submits each cell as one batch job."""
+
+    partition: str | None = None
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int | None = Field(default=None, ge=0, description="--gpus-per-node")
+    gres: str | None = Field(default=None, description="--gres, e.g. 'gpu:8' (or gpus_per_node)")
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    time: str | None = Field(
+        default=None,
+        description="--time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]); default: the runner "
+        "timeout rounded up to whole minutes",
+    )
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    extra_args: tuple[str, ...] = Field(default=(), description="further sbatch options")
+    max_concurrent: int = Field(default=1, ge=1, description="jobs of this session at once")
+    requeue_on: tuple[Literal["NODE_FAIL", "PREEMPTED"], ...] = Field(
+        default=(), description="resubmit once, into a fresh artifact directory",
+    )
+    poll_interval: float = Field(default=1.0, gt=0, description="seconds between squeue polls")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME_RE.match(value.strip()):
+            raise ValueError(
+                "not a Slurm time limit: use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS"
+            )
+        return None if value is None else value.strip()
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            if not arg.startswith("-"):
+                raise ValueError(f"{arg!r} is not an sbatch option (options start with '-')")
+            name = arg.split("=", 1)[0]
+            if name in SLURM_OWNED_OPTIONS:
+                raise ValueError(
+                    f"{name} is set by the launcher for each cell (artifact directory, job "
+                    "name, output, requeue); remove it from extra_args"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _gpus(self) -> SlurmSection:
+        if self.gpus_per_node is not None and self.gres is not None:
+            raise ValueError("give gpus_per_node or gres, not both")
+        return self
+
+
+class RunnerSection(_Strict):
+    """`[runner]`: the command one cell runs, in a fresh process per cell."""
+
+    launcher: Literal["local", "slurm"] = Field(
+        default="local",
+        description="local: a process on this machine; slurm: one batch job per cell",
+    )
+    slurm: SlurmSection | None = Field(default=None, description="[runner.slurm]")
+
+    command: str | tuple[str, ...] = Field(
+        description="a string run with `bash -c` (so $VIME_ROOT expands) or a list run as argv"
+    )
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float = Field(default=1800.0, gt=0, description="seconds; the process group is killed")
+    kill_grace: float = Field(
+        default=5.0, gt=0, le=600,
+        description="seconds between SIGTERM and SIGKILL when the cell's processes are stopped "
+        "(timeout, Ctrl-C, SIGTERM, processes left after the main one exited)",
+    )
+    r_provider: Literal["auto", "workload", "rl_engine", "external"] = Field(
+        default="auto",
+        description="whose R kernels the command runs: the built-in workload's, RL-Kernel's "
+        "(rl_engine, checked by preflight) or external (preflight cannot check them: untested); "
+        "auto decides from the command",
+    )
+    repeats: int = Field(default=1, ge=1, description="measured steps per cell (medians, spread)")
+    warmup: int = Field(default=0, ge=0, description="leading steps excluded from timings")
+
+    @field_validator("command")
+    @classmethod
+    def _nonempty(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("command is empty")
+        if isinstance(value, tuple) and (not value or not all(value)):
+            raise ValueError("command list is empty or holds an empty argument")
+        return value
+
+    @model_validator(mode="after")
+    def _slurm(self) -> RunnerSection:
+        if self.launcher == "slurm" and self.slurm is None:
+            object.__setattr__(self, "slurm", SlurmSection())
+        if self.launcher == "local" and self.slurm is not None:
+            raise ValueError(
+                '[runner.slurm] is given but launcher is "local": set launcher = "slurm" '
+                "or remove the table"
+            )
+        return self
+
+
+class HardwareMatch(_Strict):
+    """How a machine is recognised: regexes over what the tools report, never a guess."""
+
+    device_name: str | None = Field(default=None, description="regex over NVIDIA/torch names")
+    marketing_name: str | None = Field(default=None, description="regex over rocminfo names")
+    gfx_arch: tuple[str, ...] | None = Field(default=None, description="runtime gfx archs")
+
+    @field_validator("device_name", "marketing_name")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
+
+
+class Topology(_Strict):
+    """Parallelism and placement the runs use; checked against the GPU count in preflight."""
+
+    tp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    placement: Literal["colocate", "disaggregated"] = "colocate"
+    gpus_per_cell: int | None = Field(
+        default=None, ge=1,
+        description="devices one cell needs (default tp*cp*pp); under xdist each worker owns "
+        "this many, disjoint from the other workers'")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    @property
+    def devices_per_cell(self) -> int:
+        return self.gpus_per_cell or self.world_size
+
+    @model_validator(mode="after")
+    def _enough(self) -> Topology:
+        if self.gpus_per_cell is not None and self.gpus_per_cell < self.world_size:
+            raise ValueError(
+                f"gpus_per_cell={self.gpus_per_cell} is fewer than the tp*cp*pp = "
+                f"{self.world_size} ranks of one cell (one device per rank)")
+        return self
+
+
+class ExpectedGap(_Strict):
+    """A cell the profile expects not to be supported (like xfail)."""
+
+    module: Module | Literal["*"] = "*"
+    case: Case = "*"
+    reason: str = ""
+
+    @field_validator("case", mode="before")
+    @classmethod
+    def _case(cls, value: object) -> str:
+        return "*" if value == "*" else normalize_case(value)
+
+
+class HardwareProfile(_Strict):
+    """`[hardware.<name>]`: one machine kind."""
+
+    backend: Backend
+    description: str = ""
+    match: HardwareMatch = Field(default_factory=HardwareMatch)
+    env: dict[str, str] = Field(default_factory=dict)
+    topology: Topology = Field(default_factory=Topology)
+    expect_unsupported: tuple[ExpectedGap, ...] = ()
+
+
+class PreflightSection(_Strict):
+    """`[preflight]`: what to fingerprint besides the machine (`$VARS` expand)."""
+
+    checkpoint: str | None = Field(default=None, description="HF-format checkpoint directory")
+    tokenizer: str | None = Field(default=None, description="tokenizer directory")
+    timeout: float = Field(default=60.0, gt=0, description="seconds per preflight command")
+
+
+class PerformanceSection(_Strict):
+    """`[performance]`: when timings support a statement (see `stats.py` for the rule)."""
+
+    min_steps: int = Field(default=5, ge=2, description="measured steps (after warmup) each cell "
+                           "needs before its times support a slowdown/speed-up/ratio statement")
+    min_processes: int = Field(default=2, ge=2, description="processes each cell needs before "
+                               "its times support a statement: the interval resamples processes "
+                               "(between-process variation); the built-in session runs one "
+                               "process per cell, so its timings never support one")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
+                              description="confidence level of each ratio's bootstrap interval")
+    max_relative_spread: float = Field(default=0.5, gt=0, description="largest (max - min) / "
+                                       "median of a cell's measured step times")
+    max_foreign_cpu: float = Field(default=0.25, ge=0, le=1, description="largest share of the "
+                                   "machine's CPU time used outside the cell's processes")
+    max_concurrent_seconds: float = Field(default=1.0, ge=0, description="longest time another "
+                                          "cell of the session may run on the same CPUs/devices")
+    max_foreign_gpu_processes: int = Field(default=0, ge=0, description="other compute "
+                                           "processes allowed on the cell's GPUs")
+    sample_interval: float = Field(default=0.5, gt=0, le=10,
+                                   description="seconds between contamination samples")
+
+
+class MatrixFile(_Strict):
+    """The whole `matrix.toml`."""
+
+    matrix: MatrixSection = Field(default_factory=MatrixSection)
+    runner: RunnerSection
+    preflight: PreflightSection = Field(default_factory=PreflightSection)
+    performance: PerformanceSection = Field(default_factory=PerformanceSection)
+    hardware: dict[str, HardwareProfile]
+
+    @model_validator(mode="after")
+    def _comm_needs_tp(self) -> MatrixFile:
+        if "comm" in self.matrix.modules:
+            lacking = [n for n, p in self.hardware.items() if p.topology.tp < 2]
+            if lacking:
+                raise ValueError(
+                    "matrix.modules enables 'comm', which varies the tensor-parallel reduction: "
+                    "every profile needs topology.tp >= 2, but "
+                    + ", ".join(f"hardware.{n}.topology.tp = "
+                                f"{self.hardware[n].topology.tp}" for n in lacking))
+        return self
+
+    @field_validator("hardware")
+    @classmethod
+    def _names(cls, value: dict[str, HardwareProfile]) -> dict[str, HardwareProfile]:
+        if not value:
+            raise ValueError("declare at least one [hardware.<name>] profile")
+        for name in value:
+            if not _NAME_RE.match(name):
+                raise ValueError(
+                    f"profile name {name!r} must be lower-case letters, digits, '.', '_' or '-'"
+                )
+        return value
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "<top level>"
+
+
+def format_validation_error(path: Path, error: ValidationError) -> str:
+    """One paragraph: file, then `key.path: what was expected (got ...)` per problem."""
+    lines = [f"{path}: invalid matrix file ({plural(error.error_count(), 'problem')}):"]
+    for item in error.errors(include_url=False):
+        loc = _loc(tuple(item["loc"]))
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key (not part of the matrix.toml schema)"
+        elif item["type"] == "missing":
+            msg = "required key is missing"
+        got = item.get("input")
+        shown = "" if item["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else (
+            f" (got {got!r})"
+        )
+        lines.append(f"  {loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def load_matrix(path: Path) -> MatrixFile:
+    """Read and validate a matrix file; every failure is a `MatrixFileError`."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise MatrixFileError(f"{path}: cannot read matrix file: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise MatrixFileError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return MatrixFile.model_validate(data)
+    except ValidationError as exc:
+        raise MatrixFileError(format_validation_error(path, exc)) from None

@@ -1,0 +1,77 @@
+"""Atomic writes: strict JSON (no NaN/Infinity) and text via a temp file and `os.replace`.
+
+Every report and record file goes through here, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def json_safe(value: Any, _depth: int = 0) -> Any:
+    """`value` with every non-finite float replaced by None (strict JSON has no NaN/Infinity).
+
+    numpy scalars become Python numbers first; what json cannot encode becomes its `str`.
+    """
+    if _depth > 200:
+        return str(value)[:200]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, _depth + 1) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 1) == 0:
+        try:
+            return json_safe(item(), _depth + 1)
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def file_mode() -> int:
+    """The mode a plain `open(path, "w")` would give a new file: 0o666 less the umask.
+
+    Read from /proc/self/status (Linux >= 4.7) so the process-wide umask is never changed;
+    elsewhere `os.umask` is set and restored at once.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and `os.replace`, with the mode every other
+    file gets (0644 under the usual umask 022; `mkstemp` alone would leave 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write strict JSON (no NaN/Infinity: `json_safe`) atomically (`write_text_atomic`)."""
+    text = json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False)
+    write_text_atomic(path, text + "\n")

@@ -1,0 +1,141 @@
+"""The reference job's inputs: the RL-Kernel environment contract it reads, fault drills and the
+route each side takes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_rlkernel_matrix.workload.kernels import (
+    ALL_MODULES,
+    MODULES,
+    R_BACKEND_IDS,
+)
+
+SIDES = ("training", "rollout")
+
+
+CASES = ("P/P", "P/R", "R/P", "R/R")
+
+
+FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupported")
+
+
+RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
+    "tiny": (16, 224, 3), "small": (16, 160, 3), "qwen3-0.6b": (320, 256, 32)}
+
+
+class UsageError(Exception):
+    """Bad environment or options: exit 2 with a message."""
+
+
+@dataclass
+class FaultDrill:
+    """A fault drill switched on by ``RLK_REF_FAULT=<kind>[:<module>[:<side>]]``."""
+
+    kind: str
+    module: str = "attention"
+    side: str = "rollout"
+
+    @classmethod
+    def from_env(cls) -> FaultDrill | None:
+        raw = os.environ.get("RLK_REF_FAULT", "").strip()
+        if not raw:
+            return None
+        parts = raw.split(":")
+        drill = cls(*parts[:3])
+        if (drill.kind not in FAULT_KINDS or drill.module not in ALL_MODULES
+                or drill.side not in SIDES):
+            raise UsageError(f"RLK_REF_FAULT={raw!r}: expected <kind>[:<module>[:<side>]] with "
+                             f"kind in {FAULT_KINDS}, module in {ALL_MODULES}, side in {SIDES}")
+        return drill
+
+
+@dataclass
+class Env:
+    """The RL-Kernel environment contract as this process sees it."""
+
+    mode: str
+    cases: dict[str, str]
+    run_id: str
+    artifact_dir: Path
+    readback_dir: Path
+    sidecar_dir: Path
+    weight_audit_dir: Path
+    route_report: bool
+    aligned: bool = True
+    modules: tuple[str, ...] = MODULES  # + "comm" when RL_KERNEL_COMM_CASE is set
+
+    @classmethod
+    def from_environ(cls) -> Env:
+        e = os.environ
+        art = e.get("RL_KERNEL_ARTIFACT_DIR", "").strip()
+        if not art:
+            raise UsageError("RL_KERNEL_ARTIFACT_DIR is not set: the reference workload needs a "
+                             "per-cell artifact directory (see docs/artifact-format.md)")
+        mode = e.get("RL_KERNEL_MODE", "strict").strip().lower()
+        if mode not in ("strict", "audit", "auto", "off"):
+            raise UsageError(f"RL_KERNEL_MODE={mode!r}: expected strict|audit|auto|off")
+        cases = {}
+        for m in MODULES:
+            case = e.get(f"RL_KERNEL_{m.upper()}_CASE", "P/P").strip().upper() or "P/P"
+            if case not in CASES:
+                raise UsageError(f"RL_KERNEL_{m.upper()}_CASE={case!r}: expected one of {CASES}")
+            cases[m] = case
+        modules = MODULES
+        comm = e.get("RL_KERNEL_COMM_CASE", "").strip().upper()
+        if comm:  # the optional fourth module: in play only when the matrix asks for it
+            if comm not in CASES:
+                raise UsageError(f"RL_KERNEL_COMM_CASE={comm!r}: expected one of {CASES}")
+            cases["comm"] = comm
+            modules = ALL_MODULES
+        root = Path(art)
+        return cls(mode, cases, e.get("RL_KERNEL_RUN_ID", root.name), root,
+                   Path(e.get("RL_KERNEL_READBACK_DIR") or root / "readbacks"),
+                   Path(e.get("RL_KERNEL_MISMATCH_SIDECAR_DIR") or root / "mismatch-sidecars"),
+                   Path(e.get("RL_KERNEL_WEIGHT_AUDIT_DIR") or root / "weight-audit"),
+                   e.get("RL_KERNEL_ROUTE_REPORT", "1").strip() != "0",
+                   e.get("RL_KERNEL_ALIGNED", "1").strip() != "0", modules)
+
+    def requested(self, module: str, side: str) -> str:
+        """``rl_kernel`` or ``production`` as requested by the case (off: always production)."""
+        if self.mode == "off":
+            return "production"
+        letter = self.cases[module].split("/")[0 if side == "training" else 1]
+        return "rl_kernel" if letter == "R" else "production"
+
+
+@dataclass
+class Route:
+    """What one side runs per module, and what it claims/records."""
+
+    side: str
+    requested: dict[str, str]
+    actual: dict[str, str]
+    claimed: dict[str, str]
+    fallbacks: list[dict[str, str]]
+    unsupported: dict[str, str]
+
+
+def resolve_route(env: Env, side: str, drill: FaultDrill | None, platform: str) -> Route:
+    """Apply the case, the mode and any fault drill to one side's module implementations."""
+    req = {m: env.requested(m, side) for m in env.modules}
+    actual, claimed = dict(req), dict(req)
+    fallbacks: list[dict[str, str]] = []
+    unsupported: dict[str, str] = {}
+    if drill and drill.side == side and req.get(drill.module) == "rl_kernel":
+        m = drill.module
+        if drill.kind == "recorded_fallback":
+            actual[m] = claimed[m] = "production"
+            fallbacks.append({"module": m, "reason": "fault drill: rl_kernel backend raised at "
+                                                     "dispatch; native path ran instead"})
+        elif drill.kind == "silent_fallback":
+            actual[m] = "production"  # claimed stays rl_kernel: the lie the plugin must catch
+        elif drill.kind == "unsupported":
+            unsupported[m] = (f"{R_BACKEND_IDS[m]} has no kernel for device={platform}-"
+                              "fault-drill (capability drill)")
+            actual[m] = claimed[m] = "production"
+            fallbacks.append({"module": m, "reason": "unsupported: " + unsupported[m]})
+    return Route(side, req, actual, claimed, fallbacks, unsupported)
