@@ -353,9 +353,12 @@ def progress_line(cell_id: str, elapsed: float, line: str, width: int) -> str:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto` on a GPU machine: floor(visible GPUs / gpus_per_cell) workers."""
+    path, explicit = _matrix_path(config)
+    if not path.exists() or not (explicit or _in_play(config, path)):
+        return None
     from pytest_rlkernel_matrix.integrations.xdist import auto_num_workers
 
-    return auto_num_workers(config)
+    return auto_num_workers(config, path)
 
 
 def _progress_printer(config: pytest.Config) -> Any:

@@ -4,23 +4,22 @@ Workers must share the controller's matrix root, session token and hardware (a w
 its own UTC stamp would scatter a matrix over several roots), so they travel in `workerinput`.
 
 On GPU profiles each worker owns a disjoint device set of `gpus_per_cell` devices (default
-tp*cp*pp): worker `gwN` gets visible devices `[N*k, (N+1)*k)`, handed to its cells as
-`CUDA_VISIBLE_DEVICES` (NVIDIA) or `HIP_VISIBLE_DEVICES` (ROCm; only that one: setting
-`ROCR_VISIBLE_DEVICES` to the same indices as well would index twice). `-n auto` starts
-`floor(visible GPUs / gpus_per_cell)` workers. A cell whose run window overlapped another
-cell's on a shared device is marked performance-contaminated (`mark_overlaps`).
+tp*cp*pp; `run.devices` computes the sets and marks overlapping cells), and `-n auto` starts
+`floor(visible GPUs / gpus_per_cell)` workers. This glue is told what it needs (the session, the
+matrix file the plugin collects) and never imports the plugin; the session never imports it.
 
-Workers own CPU sets the same way (`cpushare`): worker slot N of W gets slice N of the session's
-CPU affinity mask, which its local cells run on with `OMP_NUM_THREADS` / `MKL_NUM_THREADS` set to
-the slice's size (unless the user set them). A worker that replaces a crashed one takes over the
-slot (CPU and GPU set) its predecessor left.
+Workers own CPU sets the same way (`run.cpushare`): worker slot N of W gets slice N of the
+session's CPU affinity mask, which its local cells run on with `OMP_NUM_THREADS` /
+`MKL_NUM_THREADS` set to the slice's size (unless the user set them). A worker that replaces a
+crashed one takes over the slot (CPU and GPU set) its predecessor left.
 Without xdist nothing here runs.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,16 +30,14 @@ from pytest_rlkernel_matrix.run.devices import (
     devices_for_worker,
     visible_devices,
 )
-from pytest_rlkernel_matrix.session import MatrixSession
+
+if TYPE_CHECKING:
+    from pytest_rlkernel_matrix.session import MatrixSession
 
 
-def auto_num_workers(config: pytest.Config) -> int | None:
-    """`pytest_xdist_auto_num_workers`: None (xdist's CPU count) unless a GPU profile runs."""
-    from pytest_rlkernel_matrix.plugin import _in_play, _matrix_path
-
-    path, explicit = _matrix_path(config)
-    if not path.exists() or not (explicit or _in_play(config, path)):
-        return None
+def auto_num_workers(config: pytest.Config, path: Path) -> int | None:
+    """`pytest_xdist_auto_num_workers` for the matrix file `path` this session collects (the
+    plugin decides that): None (xdist's CPU count) unless a GPU profile runs."""
     from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 
     try:
