@@ -45,11 +45,9 @@ def rlk_matrix_cell(
     try:
         record = session.run_cell(rlk_cell, mode=rlk_mode, env_hook=env_hook)
     except Exception as exc:  # one broken cell is an `error` record, never a lost session
-        from pytest_rlkernel_matrix.report.record import not_run_record
+        from pytest_rlkernel_matrix.report.record import internal_error_record
 
-        record = not_run_record(rlk_cell, rlk_mode,
-                                f"internal error: {type(exc).__name__}: {str(exc)[:500]}", "error")
-        record["failed"] = True
+        record = internal_error_record(rlk_cell, rlk_mode, exc)
     request.node.stash[RECORD_KEY] = record
     record_property("rlk_verdict", record["verdict"])
     record_property("rlk_artifact_dir", record.get("artifact_dir"))

@@ -29,7 +29,9 @@ from pytest_rlkernel_matrix.report.record import (
     alias_record,
     analyze_run,
     cell_to_dict,
-    not_run_record,
+    interrupted_record,
+    off_mode_record,
+    refusal_record,
 )
 from pytest_rlkernel_matrix.run import contamination, cpushare, procs
 from pytest_rlkernel_matrix.run.launchers.base import CellJob, Launcher, Outcome
@@ -229,10 +231,7 @@ class MatrixSession:
     def run_cell(self, cell: Cell, *, mode: str, env_hook: Any = None) -> dict[str, Any]:
         """Run (or reuse) the run behind `cell` and return the cell's record."""
         if mode == "off" and not cell.cases.is_native:
-            return not_run_record(
-                cell, mode, "not run in off mode: RL-Kernel is disabled, only P/P cells run",
-                "not_run",
-            )
+            return off_mode_record(cell, mode)
         run_dir = self.run_dir(cell)
         lock = self.root / ".locks" / f"{cell.run_key.replace('/', '__')}.lock"
         with _locked(lock):
@@ -247,26 +246,16 @@ class MatrixSession:
                     run_dir = self.root / meta["superseded_by"]
                     cached = run_dir / RECORD_CACHE
                 if meta.get("session") != self.token or meta.get("mode") != mode:
-                    return self._refusal(cell, mode, run_dir)
+                    return refusal_record(cell, mode, run_dir)
                 if cached.exists():
                     record = json.loads(cached.read_text(encoding="utf-8"))
                 else:
                     record = self._analyze(run_dir, cell)
                 return self._label(record, cell)
             if run_dir.exists() and any(run_dir.iterdir()):
-                return self._refusal(cell, mode, run_dir)
+                return refusal_record(cell, mode, run_dir)
             record = self._execute(cell, mode, run_dir, env_hook, self.blockers(cell, mode))
             return self._label(record, cell)
-
-    def _refusal(self, cell: Cell, mode: str, run_dir: Path) -> dict[str, Any]:
-        record = not_run_record(
-            cell, mode,
-            f"artifact directory {run_dir} is not empty: refusing to overwrite another run's "
-            "artifacts (choose a new --rlk-matrix-root or MATRIX_STAMP)",
-            "error",
-        )
-        record["failed"] = True
-        return record
 
     def blockers(self, cell: Cell, mode: str) -> list[list[str]]:
         """(class, reason) for each module whose requested R backend preflight found unavailable."""
@@ -542,11 +531,8 @@ class MatrixSession:
                 record = (json.loads(cached.read_text(encoding="utf-8")) if cached.exists()
                           else self._analyze(run_dir, cell))
             except (OSError, ValueError, KeyError):
-                record = not_run_record(
-                    cell, self.mode, "interrupted: the session stopped before this cell's run "
-                    "was recorded (its processes were killed)", "error")
-                record.update(artifact_dir=str(run_dir.relative_to(self.root)), failed=True,
-                              run_id=run_id)
+                record = interrupted_record(cell, self.mode,
+                                            str(run_dir.relative_to(self.root)), run_id)
             have.add(cell.run_key)
             self.add_record(cell.id, self._label(self.scrubber.obj(record), cell))
 

@@ -1,7 +1,12 @@
-"""Cell records and `matrix-report.json`: built from artifacts alone, written atomically.
+"""One cell's record: the one place a record is made, from artifacts alone.
 
 `analyze_run` is the one analysis path: the pytest session and `rlk-matrix report` both call it
 on a run directory (its `cell-run.json` plus the artifacts), so re-analysis reproduces a record.
+It reads the run result and the evidence, asks the judge layer for the decision and builds the
+record from (cell, run result, evidence, decision) in `build_record`. Records of cells without
+an analysable run are made here too: not run (`off_mode_record`), refused (`refusal_record`),
+interrupted (`interrupted_record`) and errors (`error_record`, `internal_error_record`).
+The session report over all records is `report.matrix_report`.
 """
 
 from __future__ import annotations
@@ -271,5 +276,44 @@ def not_run_record(cell: Cell, mode: str, reason: str, verdict: str) -> dict[str
         "mode": mode, "verdict": verdict, "reasons": [reason], "failed": False,
         "artifact_dir": None, "run_id": None,
     }
+
+
+# -- records of cells with no analysable run (made here, never in the session) -------------------
+
+OFF_MODE_REASON = "not run in off mode: RL-Kernel is disabled, only P/P cells run"
+
+
+def off_mode_record(cell: Cell, mode: str) -> dict[str, Any]:
+    """A cell mode `off` does not run (it needs RL-Kernel): `not_run`, not failed."""
+    return not_run_record(cell, mode, OFF_MODE_REASON, "not_run")
+
+
+def refusal_record(cell: Cell, mode: str, run_dir: Path) -> dict[str, Any]:
+    """A run directory that already holds another run's artifacts: `error`, failed, untouched."""
+    record = not_run_record(
+        cell, mode,
+        f"artifact directory {run_dir} is not empty: refusing to overwrite another run's "
+        "artifacts (choose a new --rlk-matrix-root or MATRIX_STAMP)",
+        "error",
+    )
+    record["failed"] = True
+    return record
+
+
+def interrupted_record(cell: Cell, mode: str, artifact_dir: str, run_id: str) -> dict[str, Any]:
+    """A run the session stopped before it was recorded (its processes were killed): `error`."""
+    record = not_run_record(
+        cell, mode, "interrupted: the session stopped before this cell's run "
+        "was recorded (its processes were killed)", "error")
+    record.update(artifact_dir=artifact_dir, failed=True, run_id=run_id)
+    return record
+
+
+def internal_error_record(cell: Cell, mode: str, exc: BaseException) -> dict[str, Any]:
+    """A cell whose run raised inside the plugin: `error`, failed, the session goes on."""
+    record = not_run_record(cell, mode,
+                            f"internal error: {type(exc).__name__}: {str(exc)[:500]}", "error")
+    record["failed"] = True
+    return record
 
 
