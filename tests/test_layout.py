@@ -1,0 +1,157 @@
+"""The package's layout stays true: no import circle, layers import downwards, small files.
+
+Imports are read with `ast` from every module of the package: at module level and inside
+functions, absolute and relative, `TYPE_CHECKING` blocks included for the circle check. The
+layers, bottom to top (docs/architecture.md):
+store < spec < machine < run < judge < report < the pytest face (top-level modules,
+integrations/). `workload/` and `engines/` are the reference jobs, run in their own processes.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest_rlkernel_matrix
+
+PKG = "pytest_rlkernel_matrix"
+ROOT = Path(pytest_rlkernel_matrix.__file__).parent
+LAYERS = ("store", "spec", "machine", "run", "judge", "report")
+MAX_TOP_LEVEL = 12
+MAX_LINES = 700
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {_module(p): p for p in ROOT.rglob("*.py")}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and (
+        (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"))
+
+
+def imports(module: str) -> list[tuple[str, bool]]:
+    """(imported package module, only for type checking) for every import in `module`."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    typing_only = {id(sub) for node in ast.walk(tree) if _type_checking(node)
+                   for stmt in node.body for sub in ast.walk(stmt)}
+    out = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target, *(f"{target}.{a.name}" for a in node.names)]
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                out.append((name, id(node) in typing_only))
+    return out
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def _circles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    adj = {m: sorted({d for d, _ in deps}) for m, deps in GRAPH.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for start in adj:
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = len(index)
+                stack.append(v)
+                on.add(v)
+            for j in range(i, len(adj[v])):
+                w = adj[v][j]
+                if w not in index:
+                    work.append((v, j + 1))
+                    work.append((w, 0))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[v])
+    return out
+
+
+def test_the_import_graph_is_read() -> None:
+    # a sanity check of the reader itself: known edges, module level and inside functions
+    assert ("pytest_rlkernel_matrix.judge.evidence", False) in GRAPH[f"{PKG}.report.record"]
+    assert any(d == f"{PKG}.session" for d, _ in GRAPH[f"{PKG}.plugin"])  # inside a function
+    assert (f"{PKG}.workload.weights", False) in GRAPH[f"{PKG}.workload.kernels"]  # relative
+
+
+def test_no_import_circle() -> None:
+    assert _circles() == []
+
+
+def test_layers_import_downwards() -> None:
+    """A layer imports only layers below it (type-only imports excepted); workload/engines never
+    import the harness except the machine probe's helpers."""
+    wrong = []
+    for module, deps in GRAPH.items():
+        layer = module.split(".")[1] if module.count(".") >= 1 else ""
+        for dep, typing_only in deps:
+            dep_layer = dep.split(".")[1] if dep.count(".") >= 1 else ""
+            if layer in LAYERS and not typing_only:
+                if dep_layer not in LAYERS and dep != PKG:
+                    wrong.append(f"{module} -> {dep}")
+                elif dep_layer in LAYERS and LAYERS.index(dep_layer) > LAYERS.index(layer):
+                    wrong.append(f"{module} -> {dep}")
+            if layer in ("workload", "engines") and dep_layer not in (
+                    "workload", "engines", "machine", ""):
+                wrong.append(f"{module} -> {dep}")
+    assert wrong == []
+
+
+def test_top_level_is_small_and_files_are_short() -> None:
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, top
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_every_subpackage_says_what_it_owns() -> None:
+    for init in sorted(ROOT.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and len(doc) > 40, f"{init}: no docstring saying what it owns"
+    for layer in LAYERS:
+        doc = ast.get_docstring(ast.parse((ROOT / layer / "__init__.py").read_text()))
+        assert doc is not None and "May import" in doc, layer
