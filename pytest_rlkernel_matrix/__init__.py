@@ -1,7 +1,9 @@
 """pytest-rlkernel-matrix: the RL-Kernel train/rollout ablation matrix as pytest items.
 
-Data flows matrix file -> cells -> run -> evidence -> verdict -> report; each step is one module
-(`matrix`, `cells`, `runner`, `evidence`/`metrics`, `verdict`, `report`). `plugin` holds the hooks.
+Data flows matrix file -> cells -> run -> evidence -> verdict -> record -> report, through the
+subpackages `spec`, `run` (driven by `session`), `judge` and `report`, over `machine` (preflight)
+and `store` (safe reads, atomic writes, redaction); docs/architecture.md names each step's module.
+`plugin` holds the hooks.
 Nothing here imports torch, vllm or megatron at import time.
 """
 
