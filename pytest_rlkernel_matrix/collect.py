@@ -74,7 +74,7 @@ class MatrixItem(pytest.Function):
             if rec.get("artifact_dir"):
                 root = self.config.stash[SESSION_KEY].root
                 lines.append(f"  artifacts: {root / rec['artifact_dir']}")
-                log = _run_log(root, rec)
+                log = failed_run_log(root, rec)
                 if log is not None:
                     lines.append(f"  run.log: {log}")
             return "\n".join(lines)
@@ -108,7 +108,7 @@ class MatrixFileNode(pytest.File):
             yield HardwareNode.from_parent(self, name=name)
 
 
-def _run_log(root: Path, rec: dict[str, Any]) -> Path | None:
+def failed_run_log(root: Path, rec: dict[str, Any]) -> Path | None:
     """The run.log of a cell that exited non-zero (or timed out), where one was written."""
     ran_badly = rec.get("exit_code") not in (0, None) or rec.get("timed_out")
     if not rec.get("artifact_dir") or not ran_badly:

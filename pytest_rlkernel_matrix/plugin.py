@@ -28,7 +28,7 @@ from pytest_rlkernel_matrix.spec.terms import LAYOUTS, MODES, plural
 
 if TYPE_CHECKING:
     from pytest_rlkernel_matrix.session import MatrixSession
-from pytest_rlkernel_matrix.collect import _run_log
+from pytest_rlkernel_matrix.collect import failed_run_log
 
 PREFLIGHT_FILE = "preflight.json"
 
@@ -497,7 +497,7 @@ class MatrixHooks:
                           f"({state})")
             for reason in rec.get("reasons", [])[:6]:
                 tr.write_line(f"    {reason}")
-            log = _run_log(ms.root, rec)
+            log = failed_run_log(ms.root, rec)
             if log is not None:
                 tr.write_line(f"    run.log: {log}")
         from pytest_rlkernel_matrix.report.attribution import attribute
