@@ -63,8 +63,8 @@ def probe_positions(run_dir: Path, budget: int, controls: int = 2) -> tuple[
     from pytest_rlkernel_matrix.judge.evidence import read_evidence
 
     ev = read_evidence(run_dir)
-    problems = list(ev.problems) + list(getattr(ev, "sample_problems", []))
-    samples = sorted(getattr(ev, "samples", []) or [], key=lambda s: (s.rank, s.sample))
+    problems = list(ev.problems) + list(ev.sample_problems)
+    samples = sorted(ev.samples, key=lambda s: (s.rank, s.sample))
     mism: list[list[int]] = []
     match: list[list[int]] = []
     for s in samples:
@@ -77,18 +77,19 @@ def probe_positions(run_dir: Path, budget: int, controls: int = 2) -> tuple[
 
     def pick(lists: list[list[int]], limit: int, kind: str) -> None:
         depth = 0
-        while len([a for a in about if a["kind"] == kind]) < limit and any(
-                depth < len(x) for x in lists):
+        while len(chosen) < limit and any(depth < len(x) for x in lists):
             for s, js in zip(samples, lists, strict=True):
-                if depth < len(js) and len([a for a in about if a["kind"] == kind]) < limit:
-                    chosen.append((int(s.sample), js[depth]))
-                    about.append({"sample": int(s.sample), "token": js[depth], "kind": kind,
-                                  "sidecar_train_logprob": float(s.train[js[depth]]),
-                                  "sidecar_rollout_logprob": float(s.rollout[js[depth]])})
+                key = (int(s.sample), js[depth]) if depth < len(js) else None
+                if key is not None and key not in chosen and len(chosen) < limit:
+                    chosen.append(key)
+                    about.append({"sample": key[0], "token": key[1], "kind": kind,
+                                  "sidecar_train_logprob": float(s.train[key[1]]),
+                                  "sidecar_rollout_logprob": float(s.rollout[key[1]])})
             depth += 1
 
     pick(mism, want_mis, "mismatch")
-    pick(match, budget - len(chosen), "control")
+    pick(match, budget, "control")
+    pick(mism, budget, "mismatch")  # no (or too few) matching tokens: the budget on mismatches
     if not samples:
         problems.append("no sidecar samples in the measured run: no tokens to probe")
     return chosen, about, problems
