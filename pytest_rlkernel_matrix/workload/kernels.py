@@ -36,7 +36,7 @@ import os
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +48,6 @@ from .weights import AttnInputs, LayerWeights
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from types import ModuleType
-
-    from .probe import Tap
 
 MODULES = ("attention", "ffn", "logp")
 # `comm` (the row-parallel activation all-reduce) is an optional fourth module: the seed's matrix
@@ -202,13 +200,14 @@ class ModuleKernel:
     call_count: int = 0
     _cache: dict[tuple[int, str], Tensor] = field(default_factory=dict, repr=False)
     tp: Group = field(default_factory=Group)  # tensor-parallel group (size 1: no TP)
-    tap: Tap | None = None  # probe / perturbation drill (probe.py); None: neither asked for
+    tap: Any = None  # probe.Tap (probe / perturbation drill); None: neither asked for
 
     def _o(self, name: str, t: Tensor, shard: str | None = None) -> Tensor:
         """Hand operator ``name``'s output to the tap (``shard``: col/row under TP)."""
         if self.tap is None:
             return t
-        return self.tap.out(name, t, shard if self.tp.size > 1 else None)
+        out: Tensor = self.tap.out(name, t, shard if self.tp.size > 1 else None)
+        return out
 
     def _tiles(self, rows: int) -> AbstractContextManager[None]:
         return nullcontext() if self.tap is None else self.tap.tiled(rows)
@@ -606,16 +605,16 @@ class SideKernels:
     ffn: FfnKernel
     logp: LogpKernel
     comm: CommKernel | None = None  # the TP reduction; None: no TP (a plain residual add)
-    tap: Tap | None = None  # probe / perturbation drill (probe.py)
+    tap: Any = None  # probe.Tap (probe / perturbation drill)
 
     def out(self, name: str, t: Tensor) -> Tensor:
         """A replicated operator output outside the modules (the embedding) to the tap."""
-        return t if self.tap is None else self.tap.out(name, t)
+        return t if self.tap is None else self.tap.out(name, t)  # type: ignore[no-any-return]
 
     @classmethod
     def build(cls, target: str, impls: dict[str, str], dtype: torch.dtype, tiling: Tiling,
               eps: float, backend: str = "torch", tp: Group | None = None,
-              tap: Tap | None = None) -> SideKernels:
+              tap: Any = None) -> SideKernels:
         """``impls`` maps module -> ``production`` | ``rl_kernel`` (what really runs);
         ``backend`` is the R implementation (``r_backend(device)``); with a TP group of size > 1,
         ``impls["comm"]`` picks the reduction (required then)."""
