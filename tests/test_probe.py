@@ -169,3 +169,21 @@ def test_probe_positions_first_mismatches_then_controls(tmp_path: Path) -> None:
     assert [a["kind"] for a in about].count("mismatch") >= 1
     assert all(a["sidecar_train_logprob"] != a["sidecar_rollout_logprob"]
                for a in about if a["kind"] == "mismatch")
+
+
+def test_record_picks_the_latest_probe_localisation(tmp_path: Path) -> None:
+    import json
+
+    from pytest_rlkernel_matrix.report.record import _attach_localisation
+
+    for name, op in (("probe", "a"), ("probe.2", "b"), ("probe.x", "c")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "localisation.json").write_text(json.dumps(
+            {"summary": f"first divergent {op}", "first_divergent": {"operator": op}}))
+    record: dict[str, object] = {}
+    _attach_localisation(record, tmp_path)
+    assert record["localisation"]["summary"] == "first divergent b"  # type: ignore[index]
+    (tmp_path / "probe.2" / "localisation.json").write_text("[1, 2]")
+    _attach_localisation(record, tmp_path)
+    loc = record["localisation"]
+    assert loc["status"] == "incomparable" and "unreadable" in loc["reasons"][0]  # type: ignore[index]
