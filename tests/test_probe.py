@@ -84,6 +84,16 @@ def test_attention_pr_first_divergent_in_layer0_attention_training(tmp_path: Pat
     view = localisation_view(loc)
     assert view is not None and view["chart"] is not None
     assert any(p["mark"] for p in view["chart"]["points"])
+    from test_html import PREFLIGHT, sample_report
+
+    from pytest_rlkernel_matrix.report.html import render_html
+
+    report = sample_report()
+    report["cells"][1]["localisation"] = loc
+    page = render_html(report, PREFLIGHT)
+    assert 'class="first-divergent"' in page and "per-layer max relative error" in page
+    assert f"first divergent {first['operator']} (training P)" in page
+    assert "full-vocabulary figures" in page
 
 
 @pytest.mark.skipif(os.environ.get("RLK_SLOW") != "1" and (os.cpu_count() or 1) < 4,
