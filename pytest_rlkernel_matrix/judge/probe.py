@@ -394,7 +394,8 @@ def summary_line(loc: dict[str, Any]) -> str:
     text = f"first divergent {first['operator']} ({first['label']})"
     g = loc.get("growth")
     if g and g.get("factor") is not None and g["to_layer"] != g["from_layer"]:
-        text += f", grows x{g['factor']:.3g} by layer {g['to_layer']}"
+        word = "grows" if g["factor"] >= 1 else "shrinks to"
+        text += f", {word} x{g['factor']:.3g} by layer {g['to_layer']}"
     v = loc.get("vocab")
     if v:
         text += (f"; vocab KL(r||t) {v['kl_rollout_train_mean']:.3g}, "
