@@ -197,3 +197,20 @@ def test_record_picks_the_latest_probe_localisation(tmp_path: Path) -> None:
     _attach_localisation(record, tmp_path)
     loc = record["localisation"]
     assert loc["status"] == "incomparable" and "unreadable" in loc["reasons"][0]  # type: ignore[index]
+
+
+def test_matrix_probe_section(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
+
+    base = ('[runner]\ncommand = "true"\n[hardware.cpu]\nbackend = "cpu"\n')
+    (tmp_path / "m.toml").write_text(base + '[probe]\nwhen = "drift"\ntokens = 4\n')
+    m = load_matrix(tmp_path / "m.toml")
+    assert (m.probe.when, m.probe.tokens, m.probe.controls) == ("drift", 4, 2)
+    assert load_matrix(_write(tmp_path / "d.toml", base)).probe.when == "never"
+    with pytest.raises(MatrixFileError, match="probe"):
+        load_matrix(_write(tmp_path / "bad.toml", base + '[probe]\nwhen = "always"\n'))
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
