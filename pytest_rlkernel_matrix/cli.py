@@ -219,6 +219,73 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _find_cell(root: Path, cell: str) -> Path | None:
+    """The run directory of `cell`: `<hardware>/<slug>`, or "[hardware] module case"."""
+    if (root / cell / "cell-run.json").is_file():
+        return root / cell
+    for meta_path in sorted(root.glob("*/*/cell-run.json")):
+        try:
+            c = json.loads(meta_path.read_text(encoding="utf-8")).get("cell") or {}
+        except (OSError, ValueError):
+            continue
+        names = {f"{c.get('module')} {c.get('case')}",
+                 f"{c.get('hardware')} {c.get('module')} {c.get('case')}"}
+        if cell in names:
+            return meta_path.parent
+    return None
+
+
+def _probe(args: argparse.Namespace) -> int:
+    """Probe one finished cell afterwards: a separate probe run, then the report rewritten."""
+    import shlex
+
+    from pytest_rlkernel_matrix.judge.probe import probe_cell
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+    from pytest_rlkernel_matrix.run.rootlock import RootBusy, claim
+    from pytest_rlkernel_matrix.store.redact import REDACTED
+
+    root = Path(args.matrix_root)
+    run_dir = _find_cell(root, args.cell) if root.is_dir() else None
+    if run_dir is None:
+        print(f"rlk-matrix: no finished cell {args.cell!r} under {root} (give <hardware>/<slug> "
+              "or 'module case')", file=sys.stderr)
+        return 2
+    meta = json.loads((run_dir / "cell-run.json").read_text(encoding="utf-8"))
+    command = (meta.get("run") or {}).get("command")
+    if not command:
+        print(f"rlk-matrix: {run_dir}/cell-run.json records no command", file=sys.stderr)
+        return 2
+    cwd = Path.cwd()
+    case_env = run_dir / "matrix-case.env"
+    if case_env.is_file():
+        for line in case_env.read_text(encoding="utf-8").splitlines():
+            if line.startswith("#   cd "):
+                cwd = Path(shlex.split(line[len("#   cd "):].split(" && ")[0])[0])
+                break
+    recorded = meta.get("env") or {}
+    redacted = sorted(k for k, v in recorded.items() if v == REDACTED)
+    if redacted:
+        print(f"rlk-matrix: secret variables are not in the record and are taken from this "
+              f"shell: {', '.join(redacted)}", file=sys.stderr)
+    env = {**os.environ, **{k: str(v) for k, v in recorded.items() if v != REDACTED}}
+    try:
+        lock = claim(root, "rlk-matrix")
+    except RootBusy as exc:
+        print(f"rlk-matrix: {exc}", file=sys.stderr)
+        return 2
+    try:
+        loc = probe_cell(run_dir, command=command, cwd=cwd, env=env,
+                         timeout=float(meta.get("timeout") or 3600), budget=args.tokens,
+                         controls=args.controls)
+        path = reanalyze(root)
+    finally:
+        lock.release()
+    c = meta.get("cell") or {}
+    print(f"{c.get('module')} {c.get('case')}: {loc['summary']}")
+    print(f"probe run: {run_dir / loc['probe_run']}; report: {path}")
+    return 0 if loc.get("status") != "incomparable" else 1
+
+
 def _fmt(value: object, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -405,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", default=None,
                    help="report path (default: <matrix-root>/matrix-report.json)")
     r.set_defaults(func=_report)
+    pr = sub.add_parser("probe", help="probe one finished cell: its first divergent operator")
+    pr.add_argument("matrix_root")
+    pr.add_argument("cell", help="<hardware>/<slug> (its run directory) or 'module case'")
+    pr.add_argument("--tokens", type=int, default=8, help="probe token budget")
+    pr.add_argument("--controls", type=int, default=2, help="matching tokens as controls")
+    pr.set_defaults(func=_probe)
     t = sub.add_parser("table", help="markdown table of a report: drift, times, R/P ratio")
     t.add_argument("report")
     t.set_defaults(func=_table)

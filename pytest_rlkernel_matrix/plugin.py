@@ -63,6 +63,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "outputs/rlkernel/ablation-matrix-$MATRIX_STAMP next to the matrix file)")
     group.addoption("--rlk-plan", action="store_true", default=False,
                     help="print each cell's env and command; run nothing")
+    group.addoption("--rlk-probe", action="store_true", default=False,
+                    help="after a drifting cell, a separate probe run of it localises the "
+                    "drift to its first divergent operator (as [probe] when = \"drift\")")
     # Default "": unset, the rootdir's matrix.toml is used only if it exists (a project without
     # one is left alone); a file named here or by --rlk-matrix must exist.
     parser.addini("rlk_matrix", "matrix file collected by default (default: matrix.toml in the "
@@ -215,6 +218,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                 hardware=list(shared["hardware"]), mode=mode, layout=layout,
                                 token=shared["token"], created=shared["created"])
         session.fingerprints = dict(shared["fingerprints"])
+        session.probe = bool(config.getoption("rlk_probe"))
         session.devices = shared.get("devices")
         session.worker = shared.get("worker")
         slot = shared.get("cpu_slot")
@@ -246,7 +250,8 @@ def pytest_configure(config: pytest.Config) -> None:
             hardware, data = _hardware(config, matrix, path, plan, raw_dir)
             session = MatrixSession(matrix=matrix, matrix_path=path, root=root,
                                     hardware=hardware, mode=mode, layout=layout, plan=plan,
-                                    preflight=data, dry=dry)
+                                    preflight=data, dry=dry,
+                                    probe=bool(config.getoption("rlk_probe")))
             if data:
                 from pytest_rlkernel_matrix.machine import preflight as pf
 
@@ -504,6 +509,11 @@ class MatrixHooks:
 
         for entry in attribute(list(ms.records.values())):
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
+        for rec in sorted(ms.records.values(), key=lambda r: (r["hardware"], r["module"],
+                                                              r["case"])):
+            loc = rec.get("localisation")
+            if isinstance(loc, dict) and isinstance(loc.get("summary"), str):
+                tr.write_line(f"{rec['module']} {rec['case']}: {loc['summary']}")
         from pytest_rlkernel_matrix.report.matrix_report import node_fingerprint_groups
 
         for flag in node_fingerprint_groups(list(ms.records.values()))["flags"]:

@@ -106,6 +106,7 @@ class MatrixSession:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     plan: bool = False
     dry: bool = False
+    probe: bool = False  # --rlk-probe: probe runs of drifting cells (also [probe] when)
     preflight: dict[str, Any] = field(default_factory=dict)
     fingerprints: dict[str, str] = field(default_factory=dict)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
@@ -388,6 +389,8 @@ class MatrixSession:
             raise KeyboardInterrupt
         record = self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome,
                               cpu_share=job.cpu_share)
+        if not self.launcher.retryable(outcome) or job.attempt != 1:
+            record = self._maybe_probe(cell, run_dir, job, record)
         if (self.launcher.retryable(outcome) and job.attempt == 1
                 and not outcome.result.interrupted):
             retry_dir = run_dir.with_name(f"{run_dir.name}.attempt2")
@@ -407,6 +410,22 @@ class MatrixSession:
                                   blockers, outcome, cpu_share=retry.cpu_share)
         if outcome.result.interrupted:
             raise KeyboardInterrupt
+        return record
+
+    def _maybe_probe(self, cell: Cell, run_dir: Path, job: CellJob,
+                     record: dict[str, Any]) -> dict[str, Any]:
+        """`--rlk-probe` / `[probe] when = "drift"`: a drifting cell gets a separate probe run
+        (its own directory under the cell's; the measured run is left as it is)."""
+        from pytest_rlkernel_matrix.judge.probe import drifts, probe_cell
+
+        want = self.probe or self.matrix.probe.when == "drift"
+        if not want or self.matrix.runner.launcher != "local" or not drifts(record):
+            return record
+        probe_cell(run_dir, command=job.command, cwd=job.cwd, env=dict(job.env),
+                   timeout=self.matrix.runner.timeout, budget=self.matrix.probe.tokens,
+                   controls=self.matrix.probe.controls, write=self.write_json)
+        record = self._analyze(run_dir, cell)  # picks the probe's localisation.json up
+        self.write_json(run_dir / RECORD_CACHE, record)
         return record
 
     def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,

@@ -99,6 +99,7 @@ class Evidence:
     manifest: dict[str, Any] | None = None
     log: LogScan = field(default_factory=LogScan)
     problems: list[str] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # the merged samples (probe tokens)
 
     @property
     def sides_with_readbacks(self) -> set[str]:
@@ -503,7 +504,8 @@ def _read_logprobs(ev: Evidence) -> None:
             _read_train_data(ev, path, samples)
     if ev.logprob_source is not None:
         try:
-            ev.metrics = compute(_renumber(samples))
+            ev.samples = _renumber(samples)
+            ev.metrics = compute(ev.samples)
         except (ValueError, TypeError, MemoryError) as exc:
             ev.problems.append(f"logprob metrics: {type(exc).__name__}: {str(exc)[:200]}")
         if ev.metrics is not None:  # ranks whose sidecars were read (TP replicas included)

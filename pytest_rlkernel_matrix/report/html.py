@@ -56,6 +56,7 @@ from pytest_rlkernel_matrix.report.html_parts import (
     _verdict_class,
     drift_class,
     histogram_view,
+    localisation_view,
     phases_view,
 )
 
@@ -347,6 +348,7 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
         "validity": _validity(c), "routes": _routes(c), "fallbacks": _fallbacks(c),
         "facts": _kv(facts), "metrics": _kv(metrics),
         "hist": histogram_view(_map(c.get("dlogp_histogram"))), "phases": phases_view(c),
+        "loc": localisation_view(_map(c.get("localisation"))),
         "worst": _records_table(worst, ("sample", "rank", "position", "token_id",
                                         "train_logprob", "rollout_logprob", "abs_diff"))
         if worst else None,

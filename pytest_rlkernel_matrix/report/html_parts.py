@@ -351,3 +351,68 @@ def phases_view(record: Mapping[str, Any]) -> View | None:
                             "text": _fmt_s(v) + (f" n={n}" if isinstance(n, int) else "")}
         rows.append(entry)
     return {"w": w, "h": row * len(values) + 6, "left": left, "rows": rows}
+
+
+def localisation_view(loc: Mapping[str, Any]) -> View | None:
+    """The probe's localisation: summary, per-layer relative-error chart (log scale, the first
+    divergent layer marked), the operators from the first divergent one on, vocabulary figures."""
+    if not loc:
+        return None
+    layers = [(_num(e.get("layer")), _num(e.get("max_rel_err")))
+              for e in map(_map, _list(loc.get("per_layer")))]
+    layers = [(int(i), v) for i, v in layers if i is not None and v is not None]
+    first = _map(loc.get("first_divergent"))
+    chart: View | None = None
+    if layers:
+        w, h, left, right, top, bottom = 440, 170, 46, 12, 10, 34
+        logs = [math.log10(v) for _, v in layers if v > 0]
+        lo = math.floor(min(logs)) if logs else -8
+        hi = math.ceil(max(logs)) if logs else 0
+        lo, hi = (lo, hi) if hi > lo else (lo - 1, lo + 1)
+        n = max(len(layers) - 1, 1)
+        base = h - bottom
+
+        def xy(k: int, v: float) -> tuple[str, str]:
+            y = base if v <= 0 else base - (base - top) * (math.log10(v) - lo) / (hi - lo)
+            return _f1(left + (w - left - right) * k / n), _f1(y)
+
+        points = []
+        for k, (i, v) in enumerate(layers):
+            x, y = xy(k, v)
+            points.append({"x": x, "y": y, "cls": "bar0" if v <= 0 else "bar",
+                           "mark": first.get("layer") == i,
+                           "title": f"layer {i}: max relative error "
+                                    f"{'0 (bitwise)' if v <= 0 else f'{v:.3g}'}"})
+        ticks = [{"x": str(left - 4), "y": _f1(base - (base - top) * (e - lo) / (hi - lo) + 3),
+                  "anchor": "end", "text": f"1e{e}"} for e in sorted({lo, (lo + hi) // 2, hi})]
+        ticks += [{"x": p["x"], "y": str(base + 12), "anchor": "middle",
+                   "text": str(layers[k][0])} for k, p in enumerate(points)
+                  if k in (0, len(points) - 1, len(points) // 2)]
+        chart = {"w": w, "h": h, "points": points, "ticks": ticks,
+                 "line": " ".join(f"{p['x']},{p['y']}" for p in points),
+                 "axis": {"x1": left, "y": base, "x2": w - right},
+                 "caption": {"x": f"{(left + w) / 2:.0f}", "y": h - 3}}
+    ops = [_map(e) for e in _list(loc.get("operators"))]
+    start = next((k for k, e in enumerate(ops) if e.get("name") == first.get("operator")), 0)
+    rows = [[e.get("name"), e.get("status") if e.get("status") != "compared" else (
+        "bitwise" if e.get("bitwise") else "differs"), _fmt(e.get("max_abs")),
+        _fmt(e.get("rel_err")), " / ".join(str(v) for v in _map(e.get("dtypes")).values())]
+        for e in ops[max(start - 1, 0):start + 12]]
+    vocab = _map(loc.get("vocab"))
+    vrows = [(k, _fmt(vocab.get(k))) for k in (
+        "tokens", "kl_rollout_train_mean", "kl_train_rollout_mean", "kl_rollout_train_max",
+        "total_variation_mean", "top1_agreement", "topk_overlap_mean", "top_k") if k in vocab]
+    toks = [[t.get("sample"), t.get("token"), t.get("kind", ""), _fmt(t.get("kl_rollout_train")),
+             _fmt(t.get("probe_train_logprob")), _fmt(t.get("probe_rollout_logprob")),
+             _fmt(t.get("sidecar_train_logprob")), _fmt(t.get("sidecar_rollout_logprob")),
+             {True: "yes", False: "NO"}.get(t.get("ties_to_sidecar"), "-")]  # type: ignore[arg-type]
+            for t in map(_map, _list(loc.get("tokens")))]
+    return {"summary": str(loc.get("summary", "")), "status": str(loc.get("status", "")),
+            "probe_run": loc.get("probe_run"), "chart": chart,
+            "reasons": [str(r) for r in _list(loc.get("reasons"))[:20]],
+            "ops": _table(["operator", "status", "max |delta|", "relative error",
+                           "dtypes (training / rollout)"], rows) if rows else None,
+            "vocab": _kv(vrows) if vrows else None,
+            "tokens": _table(["sample", "token", "kind", "KL(r||t)", "probe train logp",
+                              "probe rollout logp", "sidecar train logp",
+                              "sidecar rollout logp", "ties to sidecar"], toks) if toks else None}

@@ -144,11 +144,35 @@ def analyze_run(
         scheduler = meta.get("scheduler")
         if isinstance(scheduler, dict):
             _judge_node(record, run_cell, scheduler, fps)
+        _attach_localisation(record, run_dir)
         return scrub(record)
     except Exception as exc:  # a bug or a shape no reader foresaw: this cell is an error
         return scrub(error_record(cell or run_cell, str(meta["mode"]),
                                   f"analysis failed: {type(exc).__name__}: {str(exc)[:300]}",
                                   meta.get("artifact_dir") or artifact_dir))
+
+
+def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
+    """The latest probe run's ``localisation.json`` (``judge/probe.py``), if the cell has one."""
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
+
+    found = []
+    for p in run_dir.glob("probe*/localisation.json"):
+        tail = p.parent.name.removeprefix("probe").removeprefix(".")
+        if tail == "" or tail.isdigit():
+            found.append((int(tail or 1), p))
+    if not found:
+        return
+    path = max(found)[1]
+    try:
+        loc = json.loads(read_bytes(path, run_dir, 16 * 1024 * 1024))
+        if not isinstance(loc, dict) or not isinstance(loc.get("summary"), str):
+            raise ValueError("not a localisation object")
+    except (Refused, ValueError, UnicodeDecodeError) as exc:
+        loc = {"status": "incomparable", "first_divergent": None,
+               "reasons": [f"{path.parent.name}/localisation.json: unreadable: {exc}"],
+               "summary": "probe incomparable: localisation.json unreadable"}
+    record["localisation"] = loc
 
 
 def _judge_node(record: dict[str, Any], cell: Cell, scheduler: Mapping[str, Any],

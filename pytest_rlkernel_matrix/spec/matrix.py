@@ -352,6 +352,16 @@ class PerformanceSection(_Strict):
                                    description="seconds between contamination samples")
 
 
+class ProbeSection(_Strict):
+    """`[probe]`: per-operator probe runs of drifting cells (docs/en/probe.md)."""
+
+    when: Literal["never", "drift"] = Field(default="never", description="drift: after a cell "
+                                            "whose sidecars drift, a separate probe run of it")
+    tokens: int = Field(default=8, ge=1, le=4096, description="probe token budget per cell")
+    controls: int = Field(default=2, ge=0, le=64, description="matching tokens probed as "
+                          "controls next to the mismatching ones")
+
+
 class MatrixFile(_Strict):
     """The whole `matrix.toml`."""
 
@@ -359,6 +369,7 @@ class MatrixFile(_Strict):
     runner: RunnerSection
     preflight: PreflightSection = Field(default_factory=PreflightSection)
     performance: PerformanceSection = Field(default_factory=PerformanceSection)
+    probe: ProbeSection = Field(default_factory=ProbeSection)
     hardware: dict[str, HardwareProfile]
 
     @model_validator(mode="after")

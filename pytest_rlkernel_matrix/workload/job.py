@@ -70,6 +70,7 @@ from .parallel import (
     zigzag_index,
     zigzag_response_keep,
 )
+from .probe import PERTURB_FACTOR, ProbeRequest, operator_names, write_index
 
 SIDECAR_SCHEMA = "rlk-reference.mismatch_sidecar.v1"
 EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
@@ -192,8 +193,15 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
         batch[i, :p.numel()] = p
     caches = model.new_cache(len(prompts))
     pos = torch.arange(width, device=dev)[None].expand(len(prompts), width)
+    tap = k.tap if k.tap is not None and k.tap.recording else None
+    if tap is not None:  # probe: name the rows (sample, position) of each forward
+        tap.rows([(i, j) if j < p.numel() else None for i, p in enumerate(prompts)
+                  for j in range(width)])
     hp = model.hidden(k, batch, pos, caches)
     h = hp[torch.arange(len(prompts), device=dev), lengths - 1]
+    if tap is not None:
+        tap.rows([(i, p.numel() - 1) for i, p in enumerate(prompts)])
+        graphs = False  # the probe copies rows out on the host: eager decode
     runner = DecodeRunner(model, k, caches, temperature, True) if graphs else None
     out_tok: list[list[int]] = [[] for _ in prompts]
     out_lp: list[list[float]] = [[] for _ in prompts]  # fp32 values, exact as Python floats
@@ -218,6 +226,8 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
                 caches = [c.select(rows) for c in caches]
             else:
                 runner.keep(rows)
+        if tap is not None:
+            tap.rows(list(zip(active.tolist(), lengths.tolist(), strict=True)))
         with record_function("rlk.decode"):
             if runner is None:
                 h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
@@ -252,6 +262,10 @@ def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, te
         for r, i in enumerate(mb):
             toks[r, :ro.tokens[i].numel()] = ro.tokens[i]
         targets = torch.cat([toks[:, 1:], toks[:, :1] * 0], dim=1)
+        if k.tap is not None and k.tap.recording:
+            cols = (zigzag_index(t, cp, grid.cp_rank, dev) if cp > 1
+                    else torch.arange(t, device=dev)).tolist()
+            k.tap.rows([(i, j) if j < ro.tokens[i].numel() else None for i in mb for j in cols])
         if cp > 1:
             lp = _cp_selected_logprobs(model, k, toks, targets, temperature, grid)
         else:
@@ -441,8 +455,14 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     # native all-reduce. It is then not a module of the matrix and writes no operator readback.
     comm_default = "rl_kernel" if env.aligned and env.mode != "off" else "production"
     impls = {s: {"comm": comm_default, **routes[s].actual} for s in SIDES}
+    try:
+        probe = ProbeRequest.from_env(env.artifact_dir, cfg.num_hidden_layers)
+    except UsageError as exc:
+        print(f"[rlk-reference] error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     kernels = {s: SideKernels.build(s, impls[s], dtype, tiling, cfg.rms_norm_eps,
-                                    backend, tp=grid.tp_group) for s in SIDES}
+                                    backend, tp=grid.tp_group, tap=probe.tap(s, grid.tp_group))
+               for s in SIDES}
     modes = {s: "eager" for s in SIDES}
     manifest = {
         "schema_version": "rlk-reference.manifest.v1", "run_id": env.run_id, "mode": env.mode,
@@ -455,7 +475,13 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                      "eos_token_id": cfg.eos_token_id},
         "micro_batch_size": micro_batch, "max_seq_len": max_seq, "steps": args.steps,
         "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
-        "r_backend": backend, "decode_graphs": graphs,
+        "r_backend": backend, "decode_graphs": graphs and not probe.enabled,
+        "probe": {"enabled": probe.enabled, "budget": probe.budget,
+                  "positions": [list(p) for p in probe.positions],
+                  "directory": str(probe.directory) if probe.enabled else None,
+                  "perturb": None if probe.perturb is None else {
+                      "side": probe.perturb[0], "module_path": probe.perturb[1],
+                      "factor": PERTURB_FACTOR}},
         "fault_drill": None if drill is None else {
             **asdict(drill),
             "applied": drill.kind == "corrupt_weight" or (
@@ -474,6 +500,9 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         write_json(env.artifact_dir / "manifest.json", manifest)
     if not lead:  # the other ranks stay quiet on the shared log (errors still go to stderr)
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if probe.perturb:
+        print(f"[rlk-reference][perturb] side={probe.perturb[0]} module={probe.perturb[1]} "
+              f"factor=1+2^-7")
     if drill:
         print(f"[rlk-reference][fault-drill] kind={drill.kind} module={drill.module} "
               f"side={drill.side} applied={str(manifest['fault_drill']['applied']).lower()}")
@@ -512,6 +541,12 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                             generator=gen).tolist()
     order = torch.randperm(n_prompts, generator=gen).tolist()
     train_model = Qwen3(cfg, shard_weights(cfg, train_w, grid.tp, grid.tp_rank), max_seq)
+    wanted = [(i, j) for i, j in (probe.positions or [(i, 0) for i in range(min(
+        probe.budget, n_prompts))]) if i < n_prompts]
+    for s in SIDES:
+        tap = kernels[s].tap
+        if tap is not None:
+            tap.wanted = {(i, plens[i] + j - 1) for i, j in wanted}
 
     for step in range(args.steps):
         sync(device)
@@ -554,6 +589,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         active = sum(resp)
         if step == 0:
             write_sidecar(env, ro, train_lp, grid)
+            if probe.enabled:
+                write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
             diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
             n_mis = int(sum(int(torch.ne(a, b).sum())
                             for a, b in zip(train_lp, ro.logprobs, strict=True)))
@@ -588,6 +625,40 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
               file=sys.stderr)
         return EXIT_FALLBACK
     return 0
+
+
+def write_probes(probe: ProbeRequest, kernels: dict[str, SideKernels], ro: Rollout,
+                 train_lp: list[Tensor], wanted: list[tuple[int, int]], grid: Grid,
+                 manifest: dict) -> None:
+    """Step 0's probe files: ``<side>.rank{r:05d}.pt`` per rank and side, ``index.json``."""
+    assert probe.directory is not None
+    tokens = []
+    for i, j in wanted:
+        p, n = ro.prompt_lengths[i], ro.logprobs[i].numel()
+        if j < n:
+            tokens.append({"sample": i, "token": j, "position": p + j - 1,
+                           "token_id": int(ro.tokens[i][p + j]),
+                           "rollout_logprob": float(ro.logprobs[i][j]),
+                           "train_logprob": float(train_lp[i][j])})
+    cfg = manifest["model"]
+    ops = operator_names(cfg["num_hidden_layers"])
+    meta = {"run_id": manifest["run_id"], "cases": manifest["cases"],
+            "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
+            "tp_layout": "gathered", "vocab_size": cfg["vocab_size"],
+            "num_hidden_layers": cfg["num_hidden_layers"], "dtype": manifest["dtype"],
+            "perturb": manifest["probe"]["perturb"]}
+    for s in SIDES:
+        tap = kernels[s].tap
+        assert tap is not None
+        tap.write(probe.directory / f"{s}.rank{grid.rank:05d}.pt",
+                  {**meta, "rank": grid.rank, "tp_rank": grid.tp_rank, "cp_rank": grid.cp_rank,
+                   "framework": kernels[s].framework,
+                   "implementations": {m: kernels[s].module(m).implementation
+                                       for m in ("attention", "ffn", "logp")}},
+                  tokens, ops)
+        tap.recording = False  # later steps are not probed
+    if grid.rank == 0:
+        write_index(probe.directory, meta, tokens, ops, grid.world)
 
 
 def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | None = None,

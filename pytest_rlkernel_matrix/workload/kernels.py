@@ -34,8 +34,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,7 @@ from .parallel import Group, fixed_order_sum
 from .weights import AttnInputs, LayerWeights
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from types import ModuleType
 
 MODULES = ("attention", "ffn", "logp")
@@ -198,6 +200,17 @@ class ModuleKernel:
     call_count: int = 0
     _cache: dict[tuple[int, str], Tensor] = field(default_factory=dict, repr=False)
     tp: Group = field(default_factory=Group)  # tensor-parallel group (size 1: no TP)
+    tap: Any = None  # probe.Tap (probe / perturbation drill); None: neither asked for
+
+    def _o(self, name: str, t: Tensor, shard: str | None = None) -> Tensor:
+        """Hand operator ``name``'s output to the tap (``shard``: col/row under TP)."""
+        if self.tap is None:
+            return t
+        out: Tensor = self.tap.out(name, t, shard if self.tp.size > 1 else None)
+        return out
+
+    def _tiles(self, rows: int) -> AbstractContextManager[None]:
+        return nullcontext() if self.tap is None else self.tap.tiled(rows)
 
     @property
     def partial(self) -> bool:
@@ -263,26 +276,34 @@ class AttentionKernel(ModuleKernel):
         wo = self._weight((lw.index, "o"), lambda: lw.o_proj.float().t().contiguous())
         win, wqn, wkn = lw.input_norm.float(), lw.q_norm.float(), lw.k_norm.float()
 
+        n = f"model.layers.{lw.index}."
+        o_ = self._o
+
         def pre(xt: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            qkv = torch.mm(_r_rms(xt.float(), win, self.eps), wqkv)
+            xn = o_(n + "input_layernorm", _r_rms(xt.float(), win, self.eps))
+            qkv = torch.mm(xn, wqkv)
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = _r_rms(q.reshape(-1, hq, d), wqn, self.eps)
-            k = _r_rms(k.reshape(-1, hkv, d), wkn, self.eps)
+            q, k = o_(n + "self_attn.q_proj", q, "col"), o_(n + "self_attn.k_proj", k, "col")
+            v = o_(n + "self_attn.v_proj", v, "col")
+            q = o_(n + "self_attn.q_norm", _r_rms(q.reshape(-1, hq, d), wqn, self.eps), "col")
+            k = o_(n + "self_attn.k_norm", _r_rms(k.reshape(-1, hkv, d), wkn, self.eps), "col")
             q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
             k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
             return q, k.to(self.dtype), v.reshape(-1, hkv, d).to(self.dtype)
 
-        q, k, v = _tiled(pre, self.tiling.row_tile, x.reshape(b * t, h),
-                         inp.cos.reshape(b * t, d), inp.sin.reshape(b * t, d))
+        with self._tiles(b * t):
+            q, k, v = _tiled(pre, self.tiling.row_tile, x.reshape(b * t, h),
+                             inp.cos.reshape(b * t, d), inp.sin.reshape(b * t, d))
         q, k, v = q.reshape(b, t, hq, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
         if inp.cache is not None:
             self._write_cache(inp, k, v)
             k, v = inp.cache.k, inp.cache.v
         if inp.kv_gather is not None:  # context parallel: keys/values of every CP rank
             k, v = inp.kv_gather(k, v)
-        o = r_core_attention(q, inp.positions, k, v, self.tiling)
+        o = o_(n + "self_attn.attn", r_core_attention(q, inp.positions, k, v, self.tiling), "col")
         out = r_matmul(o.reshape(b * t, hq * d), wo, self.tiling.row_tile)
-        return (out if self.partial else out.to(self.dtype)).reshape(b, t, h)
+        out = out if self.partial else out.to(self.dtype)
+        return o_(n + "self_attn.o_proj", out, "row").reshape(b, t, h)
 
     def _r_triton(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
         tk = _tk()
@@ -291,26 +312,36 @@ class AttentionKernel(ModuleKernel):
         hq, hkv = lw.q_proj.shape[0] // d, lw.k_proj.shape[0] // d
         wqkv = self._weight((lw.index, "qkv"), lambda: torch.cat(
             [lw.q_proj, lw.k_proj, lw.v_proj]).contiguous())
-        xn = tk.rmsnorm(x.reshape(b * t, h), lw.input_norm, self.eps, self.dtype)
+        n, o_ = f"model.layers.{lw.index}.", self._o
+        xn = o_(n + "input_layernorm",
+                tk.rmsnorm(x.reshape(b * t, h), lw.input_norm, self.eps, self.dtype))
         qkv = tk.matmul(xn, wqkv, torch.float32)
+        if self.tap is not None:  # q/k norm are fused with RoPE here: not tapped separately
+            q_, k_, v_ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+            qkv = torch.cat([o_(n + "self_attn.q_proj", q_), o_(n + "self_attn.k_proj", k_),
+                             o_(n + "self_attn.v_proj", v_)], dim=-1)
         q, k, v = tk.qk_norm_rope(qkv, inp.cos.reshape(b * t, d), inp.sin.reshape(b * t, d),
                                   lw.q_norm, lw.k_norm, hq, hkv, self.eps, self.dtype)
         q, k, v = q.reshape(b, t, hq, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
         if inp.cache is not None:
             self._write_cache(inp, k, v)
             k, v = inp.cache.k, inp.cache.v
-        o = tk.attention(q, k, v, inp.positions)
-        return tk.matmul(o.reshape(b * t, hq * d), lw.o_proj, self.dtype).reshape(b, t, h)
+        o = o_(n + "self_attn.attn", tk.attention(q, k, v, inp.positions))
+        out = tk.matmul(o.reshape(b * t, hq * d), lw.o_proj, self.dtype)
+        return o_(n + "self_attn.o_proj", out).reshape(b, t, h)
 
     def _p(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
         b, t, _ = x.shape
         d = lw.q_norm.shape[0]
         hq, hkv = lw.q_proj.shape[0] // d, lw.k_proj.shape[0] // d
         wqkv = self._weight((lw.index, "qkv"), lambda: torch.cat([lw.q_proj, lw.k_proj, lw.v_proj]))
-        qkv = F.linear(self._p_norm(x, lw.input_norm), wqkv)
+        n, o_ = f"model.layers.{lw.index}.", self._o
+        qkv = F.linear(o_(n + "input_layernorm", self._p_norm(x, lw.input_norm)), wqkv)
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = self._p_norm(q.reshape(b, t, hq, d), lw.q_norm)
-        k = self._p_norm(k.reshape(b, t, hkv, d), lw.k_norm)
+        q, k = o_(n + "self_attn.q_proj", q, "col"), o_(n + "self_attn.k_proj", k, "col")
+        v = o_(n + "self_attn.v_proj", v, "col")
+        q = o_(n + "self_attn.q_norm", self._p_norm(q.reshape(b, t, hq, d), lw.q_norm), "col")
+        k = o_(n + "self_attn.k_norm", self._p_norm(k.reshape(b, t, hkv, d), lw.k_norm), "col")
         v = v.reshape(b, t, hkv, d)
         cos, sin = inp.cos[:, :, None], inp.sin[:, :, None]
         if self.framework == "megatron":  # fused RoPE: fp32 math, cast back
@@ -340,8 +371,10 @@ class AttentionKernel(ModuleKernel):
             mask = torch.arange(span, device=x.device)[None, :] <= inp.positions
             o = F.scaled_dot_product_attention(q.reshape(b, hkv, g, d), kc, vc,
                                                attn_mask=mask[:, None, None, :])
-            return F.linear(o.reshape(b, t, hq * d), lw.o_proj)
-        return F.linear(o.transpose(1, 2).reshape(b, t, hq * d), lw.o_proj)
+            o = o_(n + "self_attn.attn", o.reshape(b, t, hq * d), "col")
+            return o_(n + "self_attn.o_proj", F.linear(o, lw.o_proj), "row")
+        o = o_(n + "self_attn.attn", o.transpose(1, 2).reshape(b, t, hq * d), "col")
+        return o_(n + "self_attn.o_proj", F.linear(o, lw.o_proj), "row")
 
 
 class FfnKernel(ModuleKernel):
@@ -351,13 +384,20 @@ class FfnKernel(ModuleKernel):
         self.call_count += 1
         b, t, h = x.shape
         inter = lw.gate_proj.shape[0]
+        n, o_ = f"model.layers.{lw.index}.", self._o
         if self.uses_triton:
             tk = _tk()
             wgu = self._weight((lw.index, "gu"), lambda: torch.cat(
                 [lw.gate_proj, lw.up_proj]).contiguous())
-            xn = tk.rmsnorm(x.reshape(b * t, h), lw.post_norm, self.eps, self.dtype)
-            act = tk.swiglu(tk.matmul(xn, wgu, torch.float32), self.dtype)
-            return tk.matmul(act, lw.down_proj, self.dtype).reshape(b, t, h)
+            xn = o_(n + "post_attention_layernorm",
+                    tk.rmsnorm(x.reshape(b * t, h), lw.post_norm, self.eps, self.dtype))
+            gu = tk.matmul(xn, wgu, torch.float32)
+            if self.tap is not None:
+                gu = torch.cat([o_(n + "mlp.gate_proj", gu[:, :inter]),
+                                o_(n + "mlp.up_proj", gu[:, inter:])], dim=-1)
+            act = o_(n + "mlp.act_fn", tk.swiglu(gu, self.dtype))
+            return o_(n + "mlp.down_proj",
+                      tk.matmul(act, lw.down_proj, self.dtype)).reshape(b, t, h)
         if self.implementation == "rl_kernel":
             wgu = self._weight((lw.index, "gu"), lambda: torch.cat(
                 [lw.gate_proj, lw.up_proj]).float().t().contiguous())
@@ -365,20 +405,28 @@ class FfnKernel(ModuleKernel):
             wn = lw.post_norm.float()
 
             def mlp(xt: Tensor) -> tuple[Tensor]:
-                gu = torch.mm(_r_rms(xt.float(), wn, self.eps), wgu)
-                gate, up = gu[:, :inter], gu[:, inter:]
-                down = torch.mm(gate * torch.sigmoid(gate) * up, wd)
-                return (down if self.partial else down.to(self.dtype),)
+                xn = o_(n + "post_attention_layernorm", _r_rms(xt.float(), wn, self.eps))
+                gu = torch.mm(xn, wgu)
+                gate = o_(n + "mlp.gate_proj", gu[:, :inter], "col")
+                up = o_(n + "mlp.up_proj", gu[:, inter:], "col")
+                act = o_(n + "mlp.act_fn", gate * torch.sigmoid(gate) * up, "col")
+                down = torch.mm(act, wd)
+                return (o_(n + "mlp.down_proj", down if self.partial else down.to(self.dtype),
+                           "row"),)
 
-            return _tiled(mlp, self.tiling.row_tile, x.reshape(b * t, h))[0].reshape(b, t, h)
+            with self._tiles(b * t):
+                out = _tiled(mlp, self.tiling.row_tile, x.reshape(b * t, h))[0]
+            return out.reshape(b, t, h)
         wgu = self._weight((lw.index, "gu"), lambda: torch.cat([lw.gate_proj, lw.up_proj]))
-        gu = F.linear(self._p_norm(x, lw.post_norm), wgu)
-        gate, up = gu[..., :inter], gu[..., inter:]
+        gu = F.linear(o_(n + "post_attention_layernorm", self._p_norm(x, lw.post_norm)), wgu)
+        gate = o_(n + "mlp.gate_proj", gu[..., :inter], "col")
+        up = o_(n + "mlp.up_proj", gu[..., inter:], "col")
         if self.framework == "megatron":  # fused bias-SwiGLU: fp32 inside
             act = (F.silu(gate.float()) * up.float()).to(x.dtype)
         else:  # vLLM SiluAndMul native: model dtype
             act = F.silu(gate) * up
-        return F.linear(act, lw.down_proj)
+        act = o_(n + "mlp.act_fn", act, "col")
+        return o_(n + "mlp.down_proj", F.linear(act, lw.down_proj), "row")
 
 
 class LogpKernel(ModuleKernel):
@@ -389,15 +437,20 @@ class LogpKernel(ModuleKernel):
         wl = self._weight((-1, "lm_head"), lambda: lm_head.float().t().contiguous())
         wn = norm_w.float()
 
+        o_ = self._o
+
         def tile(ht: Tensor, tt: Tensor) -> tuple[Tensor]:
-            logits = torch.mm(_r_rms(ht.float(), wn, self.eps), wl) / temperature
+            z = o_("lm_head", torch.mm(o_("model.norm", _r_rms(ht.float(), wn, self.eps)), wl))
+            logits = z / temperature
             m = logits.amax(-1, keepdim=True)
             lp = logits - (m + torch.log(torch.exp(logits - m).sum(-1, keepdim=True)))
+            lp = o_("log_softmax", lp)
             return (lp if targets is None else lp.gather(-1, tt[:, None])[:, 0],)
 
         tt = targets if targets is not None else torch.zeros(
             h.shape[0], dtype=torch.long, device=h.device)
-        return _tiled(tile, self.tiling.row_tile, h, tt)[0]
+        with self._tiles(h.shape[0]):
+            return _tiled(tile, self.tiling.row_tile, h, tt)[0]
 
     def _r_triton(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor | None,
                   temperature: float) -> Tensor:
@@ -424,7 +477,11 @@ class LogpKernel(ModuleKernel):
             return self._r_triton(h, norm_w, lm_head, None, temperature)
         if self.implementation == "rl_kernel":
             return self._r_tiles(h, norm_w, lm_head, None, temperature)
-        logits = F.linear(self._p_norm(h, norm_w), lm_head)
+        return self._o("log_softmax", self._p_full(h, norm_w, lm_head, temperature))
+
+    def _p_full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, temperature: float) -> Tensor:
+        logits = self._o("lm_head", F.linear(self._o("model.norm", self._p_norm(h, norm_w)),
+                                             lm_head))
         if self.framework == "megatron":
             return self._megatron_ce(logits, temperature)
         return torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -439,10 +496,7 @@ class LogpKernel(ModuleKernel):
             return self._r_triton(h, norm_w, lm_head, targets, temperature)
         if self.implementation == "rl_kernel":
             return self._r_tiles(h, norm_w, lm_head, targets, temperature)
-        logits = F.linear(self._p_norm(h, norm_w), lm_head)
-        if self.framework == "megatron":
-            return self._megatron_ce(logits, temperature).gather(-1, targets[:, None])[:, 0]
-        lp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        lp = self._o("log_softmax", self._p_full(h, norm_w, lm_head, temperature))
         return lp.gather(-1, targets[:, None])[:, 0]
 
     @staticmethod
@@ -463,25 +517,33 @@ class LogpKernel(ModuleKernel):
         wn = norm_w.float()
         tile = self.tiling.row_tile
 
+        o_ = self._o
+
         def stage1(ht: Tensor) -> tuple[Tensor, Tensor]:
-            logits = torch.mm(_r_rms(ht.float(), wn, self.eps), wl) / temperature
+            z = o_("lm_head", torch.mm(o_("model.norm", _r_rms(ht.float(), wn, self.eps)), wl),
+                   "col")
+            logits = z / temperature
             return logits, logits.amax(-1, keepdim=True)
 
-        logits, m_local = _tiled(stage1, tile, h)
+        with self._tiles(h.shape[0]):
+            logits, m_local = _tiled(stage1, tile, h)
         m = torch.stack(self.tp.gather(m_local)).amax(0)
         s_local = _tiled(lambda lt, mt: (torch.exp(lt - mt).sum(-1, keepdim=True),),
                          tile, logits, m)[0]
         s = fixed_order_sum(self.tp.gather(s_local))
-        return _tiled(lambda lt, mt, st: (lt - (mt + torch.log(st)),), tile, logits, m, s)[0]
+        return o_("log_softmax", _tiled(lambda lt, mt, st: (lt - (mt + torch.log(st)),), tile,
+                                        logits, m, s)[0], "col")
 
     def _p_tp_local(self, h: Tensor, norm_w: Tensor, lm_head: Tensor,
                     temperature: float) -> Tensor:
         """P, Megatron's vocab-parallel cross entropy: all-reduce MAX, then all-reduce SUM."""
-        lf = F.linear(self._p_norm(h, norm_w), lm_head).div(temperature).float()
+        z = self._o("lm_head", F.linear(self._o("model.norm", self._p_norm(h, norm_w)),
+                                        lm_head), "col")
+        lf = z.div(temperature).float()
         m = self.tp.all_reduce(lf.amax(-1, keepdim=True), "max")
         shifted = lf - m
         s = self.tp.all_reduce(shifted.exp().sum(-1, keepdim=True), "sum")
-        return shifted - torch.log(s)
+        return self._o("log_softmax", shifted - torch.log(s), "col")
 
     def _tp_full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor,
                  temperature: float) -> Tensor:
@@ -492,8 +554,10 @@ class LogpKernel(ModuleKernel):
             return torch.cat(self.tp.gather(
                 self._p_tp_local(h, norm_w, lm_head, temperature)), dim=-1)
         # vLLM: gather the logits shards, then one log_softmax over the whole vocabulary.
-        logits = torch.cat(self.tp.gather(F.linear(self._p_norm(h, norm_w), lm_head)), dim=-1)
-        return torch.log_softmax(logits.float() / temperature, dim=-1)
+        z = self._o("lm_head", F.linear(self._o("model.norm", self._p_norm(h, norm_w)), lm_head),
+                    "col")
+        logits = torch.cat(self.tp.gather(z), dim=-1)
+        return self._o("log_softmax", torch.log_softmax(logits.float() / temperature, dim=-1))
 
     def _tp_selected(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor,
                      temperature: float) -> Tensor:
@@ -541,10 +605,16 @@ class SideKernels:
     ffn: FfnKernel
     logp: LogpKernel
     comm: CommKernel | None = None  # the TP reduction; None: no TP (a plain residual add)
+    tap: Any = None  # probe.Tap (probe / perturbation drill)
+
+    def out(self, name: str, t: Tensor) -> Tensor:
+        """A replicated operator output outside the modules (the embedding) to the tap."""
+        return t if self.tap is None else self.tap.out(name, t)  # type: ignore[no-any-return]
 
     @classmethod
     def build(cls, target: str, impls: dict[str, str], dtype: torch.dtype, tiling: Tiling,
-              eps: float, backend: str = "torch", tp: Group | None = None) -> SideKernels:
+              eps: float, backend: str = "torch", tp: Group | None = None,
+              tap: Any = None) -> SideKernels:
         """``impls`` maps module -> ``production`` | ``rl_kernel`` (what really runs);
         ``backend`` is the R implementation (``r_backend(device)``); with a TP group of size > 1,
         ``impls["comm"]`` picks the reduction (required then)."""
@@ -554,10 +624,12 @@ class SideKernels:
             comm = CommKernel("comm", target, impls["comm"], dtype, tiling, eps, tp=g)
         return cls(target,
                    AttentionKernel("attention", target, impls["attention"], dtype, tiling, eps,
-                                   backend, tp=g),
-                   FfnKernel("ffn", target, impls["ffn"], dtype, tiling, eps, backend, tp=g),
-                   LogpKernel("logp", target, impls["logp"], dtype, tiling, eps, backend, tp=g),
-                   comm)
+                                   backend, tp=g, tap=tap),
+                   FfnKernel("ffn", target, impls["ffn"], dtype, tiling, eps, backend, tp=g,
+                             tap=tap),
+                   LogpKernel("logp", target, impls["logp"], dtype, tiling, eps, backend, tp=g,
+                              tap=tap),
+                   comm, tap)
 
     def module(self, name: str) -> ModuleKernel:
         found = {"attention": self.attention, "ffn": self.ffn, "logp": self.logp,

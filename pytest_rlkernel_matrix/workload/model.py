@@ -229,7 +229,7 @@ class Qwen3:
         ``span`` (keys in use, decode only) defaults to ``max(positions) + 1``, a host sync;
         a graph-captured decode step passes a fixed one.
         """
-        x = self.weights["model.embed_tokens.weight"][tokens]
+        x = kernels.out("model.embed_tokens", self.weights["model.embed_tokens.weight"][tokens])
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         if span is None:
             span = int(positions.max()) + 1 if caches is not None else 0
