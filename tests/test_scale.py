@@ -71,3 +71,106 @@ def test_no_unpickler_runs_a_foreign_global(tmp_path: Path) -> None:
         read_pt(raw, torch)
     with pytest.raises(Unsupported):
         load_plain(b"not a zip at all")
+
+
+# -- rlk-matrix report: parallel, cached, progress ------------------------------------------------
+
+TIMING_FIELDS = ("overhead_s", "overhead")
+
+
+def _root(tmp_path: Path) -> Path:
+    from cellkit import CellKit
+
+    root = tmp_path / "root"
+    for module, case in (("attention", "R/R"), ("attention", "P/R"), ("ffn", "R/P")):
+        CellKit(root, module=module, case=case).write()
+    return root
+
+
+def _cells(root: Path, **kwargs: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    import json
+
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    lines: list[str] = []
+    path = reanalyze(root, log=lines.append, progress=False, **kwargs)
+    cells = json.loads(path.read_text())["cells"]
+    for c in cells:
+        for k in TIMING_FIELDS:
+            c.pop(k, None)
+    return cells, lines
+
+
+def test_parallel_analysis_equals_the_sequential_one(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    seq, _ = _cells(root, jobs=1, use_cache=False)
+    par, _ = _cells(root, jobs=3, use_cache=False)
+    assert [c["verdict"] for c in seq] == ["valid"] * 3
+    assert par == seq
+    assert not (root / ".rlk-cache").exists()  # --no-cache neither reads nor writes it
+
+
+def test_a_cache_hit_gives_the_full_read_record_and_changes_invalidate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.report import record
+
+    root = _root(tmp_path)
+    full, _ = _cells(root, jobs=1, use_cache=False)
+    cold, lines = _cells(root, jobs=2)
+    assert cold == full and lines[-1] == ("cache: 0 of 3 run directories unchanged (reused), "
+                                          "3 read")
+    assert lines[0].endswith(": read again: no cache entry")
+    warm, lines = _cells(root, jobs=2)
+    assert warm == full
+    assert lines == ["cache: 3 of 3 run directories unchanged (reused), 0 read"]
+    # a touched sidecar (same bytes, new mtime): that cell only is read again
+    pt = root / "cpu" / "attention-rr" / "mismatch-sidecars" / "rank00000.call00000000.pt"
+    st = pt.stat()
+    os.utime(pt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    again, lines = _cells(root, jobs=2)
+    assert again == full
+    assert lines == ["cache: cpu/attention-rr: read again: "
+                     "mismatch-sidecars/rank00000.call00000000.pt changed (mtime_ns)",
+                     "cache: 2 of 3 run directories unchanged (reused), 1 read"]
+    # a small file edited in place, size and mtime kept: its sha256 tells
+    log = root / "cpu" / "ffn-rp" / "run.log"
+    st = log.stat()
+    text = log.read_text()
+    log.write_text(text.replace("perf/step_time': 3.0", "perf/step_time': 4.0"))
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed, lines = _cells(root, jobs=1)
+    assert lines[0] == "cache: cpu/ffn-rp: read again: run.log changed (sha256)"
+    assert [c.get("step_wall_time") for c in changed] != [c.get("step_wall_time") for c in full]
+    # a new analysis version: every entry is ignored
+    monkeypatch.setattr(record, "ANALYSIS_VERSION", record.ANALYSIS_VERSION + 1)
+    _, lines = _cells(root, jobs=1)
+    assert sum("read again: analysis version" in line for line in lines) == 3
+    # a corrupt entry is ignored with its reason, never trusted
+    entry = root / ".rlk-cache" / "cpu__attention-pr.json"
+    entry.write_text("{")
+    _, lines = _cells(root, jobs=1)
+    assert "cache: cpu/attention-pr: read again: unreadable cache entry (JSONDecodeError)" in lines
+
+
+def test_report_cli_options_and_no_progress_without_a_terminal(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = _root(tmp_path)
+    cmd = [sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report", str(root)]
+    first = subprocess.run([*cmd, "--jobs", "2"], capture_output=True, text=True, check=True)
+    assert "3 valid in 3 of 3 cells" in first.stdout
+    assert "\r" not in first.stderr and "cell/s" not in first.stderr  # no bar in a log
+    second = subprocess.run([*cmd, "--no-cache", "--jobs", "1"], capture_output=True, text=True,
+                            check=True)
+    assert "cache:" not in second.stderr
+    bad = subprocess.run([*cmd, "--jobs", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--jobs must be at least 1" in bad.stderr
+
+
+def test_progress_bar_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    reanalyze(_root(tmp_path), jobs=1, use_cache=False, progress=True)
+    err = capsys.readouterr().err
+    assert "rlk-matrix report" in err and "0/3 [" in err and "cell/s" in err

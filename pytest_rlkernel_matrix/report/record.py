@@ -28,6 +28,9 @@ from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
 from pytest_rlkernel_matrix.store.redact import Scrubber
 
 CELL_RUN_FILE = "cell-run.json"
+# The analysis of the same artifacts gives other records when this changes: bump it with any
+# change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
+ANALYSIS_VERSION = 1
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
     "logprob_abs_diff_p50", "logprob_abs_diff_p90", "logprob_abs_diff_p99", "mismatch_count",
