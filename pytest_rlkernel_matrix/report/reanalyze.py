@@ -99,10 +99,13 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
                                         task.mode)
             done(task)
         return
+    # fork: the workers start at once with this process's imports (the CLI runs no threads).
+    import importlib.util
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # fork: the workers start at once with this process's imports (the CLI runs no threads).
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401  (once here, not once per worker: forked workers share it)
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
