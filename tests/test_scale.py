@@ -174,3 +174,38 @@ def test_progress_bar_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[s
     reanalyze(_root(tmp_path), jobs=1, use_cache=False, progress=True)
     err = capsys.readouterr().err
     assert "rlk-matrix report" in err and "0/3 [" in err and "cell/s" in err
+
+
+# -- the plugin's overhead per cell ----------------------------------------------------------------
+
+def test_records_carry_the_plugin_overhead(pytester: pytest.Pytester, make_matrix: Any,
+                                           tmp_path: Path) -> None:
+    import json
+
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    make_matrix(modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-p", "no:cacheprovider",
+                                "-k", "R/R")
+    assert result.ret == 0
+    cells = json.loads((root / "matrix-report.json").read_text())["cells"]
+    (rec,) = cells
+    parts = rec["overhead"]
+    for key in ("env_s", "launch_wait_s", "record_write_s", "evidence_s", "verdict_s",
+                "record_s"):
+        assert isinstance(parts[key], float) and parts[key] >= 0, key
+    named = sum(parts[k] for k in ("env_s", "launch_wait_s", "record_write_s", "evidence_s",
+                                   "verdict_s", "record_s"))
+    assert rec["overhead_s"] == pytest.approx(named, abs=1e-5)
+    assert parts["session_measured"] is True
+    assert parts["cell_wall_s"] == pytest.approx(rec["process_wall_time"] + rec["overhead_s"],
+                                                 abs=1e-5)
+    assert 0 <= parts["fraction"] < 1
+    assert rec["overhead_s"] < parts["cell_wall_s"]
+    meta = json.loads((root / rec["artifact_dir"] / "cell-run.json").read_text())
+    assert set(meta["overhead"]) == {"env_s", "launch_wait_s", "record_write_s"}
+    # a re-analysis keeps the session's part and measures its own analysis
+    again = json.loads(reanalyze(root, jobs=1, use_cache=False,
+                                 progress=False).read_text())["cells"][0]
+    assert {k: again["overhead"][k] for k in meta["overhead"]} == meta["overhead"]

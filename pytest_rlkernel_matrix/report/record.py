@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,9 @@ def analyze_run(
             raise
         return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
     try:
+        t0 = time.perf_counter()
         ev = read_evidence(run_dir)
+        t1 = time.perf_counter()
         decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
                           env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
                           gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
@@ -143,7 +146,10 @@ def analyze_run(
         # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
         # gap for runs recorded without them.
         fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
+        t2 = time.perf_counter()
         record = build_record(run_cell, meta, run, ev, decision, fps)
+        record.update(overhead_fields(meta, run, {"evidence_s": t1 - t0, "verdict_s": t2 - t1,
+                                                  "record_s": time.perf_counter() - t2}))
         scheduler = meta.get("scheduler")
         if isinstance(scheduler, dict):
             _judge_node(record, run_cell, scheduler, fps)
@@ -152,6 +158,29 @@ def analyze_run(
         return scrub(error_record(cell or run_cell, str(meta["mode"]),
                                   f"analysis failed: {type(exc).__name__}: {str(exc)[:300]}",
                                   meta.get("artifact_dir") or artifact_dir))
+
+
+def overhead_fields(meta: Mapping[str, Any], run: RunResult,
+                    analysis: Mapping[str, float]) -> dict[str, Any]:
+    """`overhead_s`: seconds the plugin spent on the cell outside the cell's own processes.
+
+    The session's part comes from `cell-run.json`'s `overhead` (making the run directory and
+    environment, launch + contamination sampling + waiting slack beyond the process's wall
+    time, writing cell-run.json); the analysis' part (reading the evidence, the verdict,
+    building the record) is measured by the analysis that made this record (a re-analysis
+    measures its own). Writing `cell-record.json` afterwards is not counted.
+    """
+    session = meta.get("overhead") if isinstance(meta.get("overhead"), dict) else {}
+    parts = {k: float(v) for k, v in session.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    parts.update(analysis)
+    parts = {k: round(max(0.0, v), 6) for k, v in parts.items()}
+    total = round(sum(parts.values()), 6)
+    wall = float(run.wall_time or 0.0) + total
+    return {"overhead_s": total,
+            "overhead": {**parts, "process_wall_s": run.wall_time, "cell_wall_s": round(wall, 6),
+                         "fraction": round(total / wall, 6) if wall > 0 else None,
+                         "session_measured": bool(session)}}
 
 
 def _judge_node(record: dict[str, Any], cell: Cell, scheduler: Mapping[str, Any],
