@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,13 @@ def test_a_cache_hit_gives_the_full_read_record_and_changes_invalidate(
     from pytest_rlkernel_matrix.report import record
 
     root = _root(tmp_path)
+    first, lines = _cells(root, jobs=1)  # no matrix-report.json yet: cells from the directories
+    assert lines[-1] == "cache: 0 of 3 run directories unchanged (reused), 3 read"
+    _, lines = _cells(root, jobs=1)  # now from matrix-report.json's cells: the same keys
+    assert lines == ["cache: 3 of 3 run directories unchanged (reused), 0 read"]
+    shutil.rmtree(root / ".rlk-cache")
     full, _ = _cells(root, jobs=1, use_cache=False)
+    assert full == first
     cold, lines = _cells(root, jobs=2)
     assert cold == full and lines[-1] == ("cache: 0 of 3 run directories unchanged (reused), "
                                           "3 read")

@@ -21,7 +21,6 @@ from pytest_rlkernel_matrix.report.record import (
     alias_record,
     analyze_run,
     cell_from_dict,
-    cell_to_dict,
     error_record,
 )
 from pytest_rlkernel_matrix.spec.cells import Cases, Cell
@@ -172,9 +171,10 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
     scrub = Scrubber.from_env(os.environ).obj
     for t in tasks.values():
         if use_cache:
+            # The cell and mode label only a record whose cell-run.json is unusable, which is
+            # never cached (`done`): the key is the directory and the matrix file's gaps.
             keys[t.rel] = cache.cache_key(root / t.rel, {
-                "cell": cell_to_dict(t.cell), "mode": t.mode, "artifact_dir": t.rel,
-                "gaps": [repr(g) for g in gaps[t.hardware]]})
+                "artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]})
             hit, why = cache.lookup(root, t.rel, keys[t.rel])
             if hit is not None:
                 t.record = scrub(hit)
@@ -185,7 +185,9 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
     bar = _bar(len(todo), progress)
 
     def done(t: _Task) -> None:
-        if use_cache and t.record is not None:
+        reasons = (t.record or {}).get("reasons") or [""]
+        if use_cache and t.record is not None and not str(reasons[0]).startswith(
+                ("cell-run.json: ", "analysis failed")):
             cache.store(root, t.rel, keys[t.rel], t.record)
         bar.update(t)
 
