@@ -2,8 +2,9 @@
 
 - `rlk-matrix preflight [--matrix FILE] [--output DIR]`: only the preflight (fingerprints, raw
   command output, capabilities of the R provider the matrix file uses, the detected profile);
-- `rlk-matrix report <matrix-root> [--output FILE]`: re-read every run directory's artifacts and
-  rewrite `matrix-report.json` (the request's `analyze-ablation-matrix.py --matrix-root --output`);
+- `rlk-matrix report <matrix-root> [--output FILE] [--jobs N] [--no-cache]`: re-read every run
+  directory's artifacts (in parallel; unchanged ones from the analysis cache) and rewrite
+  `matrix-report.json` (the request's `analyze-ablation-matrix.py --matrix-root --output`);
 - `rlk-matrix table <matrix-report.json>`: drift and phase times per cell as a markdown table;
 - `rlk-matrix merge a.json b.json [...] -o out.json`: reports from different hardware side by side
   (never a ratio across hardware, builds or topologies);
@@ -211,7 +212,12 @@ def _report(args: argparse.Namespace) -> int:
         if not (root / "matrix-report.json").exists() and not any(root.glob("*/*/cell-run.json")):
             print(empty, file=sys.stderr)
             return 2
-        path = reanalyze(root, Path(args.output) if args.output else None)
+        if args.jobs is not None and args.jobs < 1:
+            print("rlk-matrix: --jobs must be at least 1", file=sys.stderr)
+            return 2
+        path = reanalyze(root, Path(args.output) if args.output else None, jobs=args.jobs,
+                         use_cache=not args.no_cache,
+                         log=lambda line: print(line, file=sys.stderr))
     finally:
         lock.release()
     report = json.loads(path.read_text())
@@ -471,6 +477,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("matrix_root")
     r.add_argument("--output", default=None,
                    help="report path (default: <matrix-root>/matrix-report.json)")
+    r.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="cells analysed at once, one process each (default: the CPUs this "
+                   "process may use)")
+    r.add_argument("--no-cache", action="store_true",
+                   help="read every run directory again, ignoring <matrix-root>/.rlk-cache/")
     r.set_defaults(func=_report)
     pr = sub.add_parser("probe", help="probe one finished cell: its first divergent operator")
     pr.add_argument("matrix_root")

@@ -122,6 +122,8 @@ class MatrixSession:
     cpu_slot: cpushare.Slot = field(default_factory=cpushare.Slot)  # this process's CPU share
     pending: dict[str, CellJob] = field(default_factory=dict)
     scrubber: Scrubber = field(default_factory=Scrubber)
+    # Per run directory: seconds the plugin spent around the cell's processes (`overhead`).
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Secret values this session can see: its environment, the matrix file's env tables and
@@ -295,6 +297,7 @@ class MatrixSession:
     def _prepare(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
                  attempt: int = 1) -> CellJob:
         """Create the run directory with `matrix-case.env`: what any launcher needs."""
+        start = time.perf_counter()
         run_dir.mkdir(parents=True, exist_ok=True)
         for sub in ARTIFACT_SUBDIRS.values():
             (run_dir / sub).mkdir(exist_ok=True)
@@ -325,6 +328,7 @@ class MatrixSession:
                 report_progress(cell, elapsed, line)
 
         owner = self.canonical.get(cell.run_key, cell)
+        self.timings[str(run_dir)] = {"env_s": time.perf_counter() - start}
         return CellJob(key=cell.run_key, label=f"{owner.hardware}/{run_dir.name}",
                        command=command if isinstance(command, str) else list(command),
                        cwd=cwd, env=env, recorded=recorded, run_dir=run_dir,
@@ -356,12 +360,22 @@ class MatrixSession:
         """Wait for the launcher's outcome. Local runs are sampled for contamination on this host;
         a Slurm job runs on a compute node this process cannot sample, so its run directory gets
         no `contamination.json` and its timings are "not measured" (fail closed)."""
-        if self.matrix.runner.launcher != "local":
-            return self.launcher.wait(job)
-        with contamination.watch(root=self.root, run_dir=job.run_dir, run_id=self.run_id(cell),
-                                 backend=self.matrix.hardware[cell.hardware].backend, env=job.env,
-                                 policy=Policy(**self.matrix.performance.model_dump())):
-            return self.launcher.wait(job)
+        start = time.perf_counter()
+        try:
+            if self.matrix.runner.launcher != "local":
+                outcome = self.launcher.wait(job)
+            else:
+                with contamination.watch(
+                        root=self.root, run_dir=job.run_dir, run_id=self.run_id(cell),
+                        backend=self.matrix.hardware[cell.hardware].backend, env=job.env,
+                        policy=Policy(**self.matrix.performance.model_dump())):
+                    outcome = self.launcher.wait(job)
+        finally:
+            waited = time.perf_counter() - start
+        # launch + contamination sampling + waiting slack: the wait beyond the process's wall
+        self.timings.setdefault(str(job.run_dir), {})["launch_wait_s"] = max(
+            0.0, waited - float(outcome.result.wall_time or 0.0))
+        return outcome
 
     def _execute(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
                  blockers: list[list[str]]) -> dict[str, Any]:
@@ -462,7 +476,12 @@ class MatrixSession:
         }
         if scheduler is not None:
             meta["scheduler"] = scheduler
+        start = time.perf_counter()
         self.write_json(run_dir / CELL_RUN_FILE, meta)
+        spent = {"env_s": 0.0, "launch_wait_s": 0.0, **self.timings.pop(str(run_dir), {}),
+                 "record_write_s": time.perf_counter() - start}
+        meta["overhead"] = {k: round(v, 6) for k, v in spent.items()}
+        self.write_json(run_dir / CELL_RUN_FILE, meta)  # cell-run.json's first write: timed
         record = self._analyze(run_dir, cell)
         self.write_json(run_dir / RECORD_CACHE, record)
         return record

@@ -1,8 +1,9 @@
 """Read what a run left on disk (RL-Kernel + vime layout, see docs/artifact-format.md).
 
 Readers are tolerant of version differences: unknown keys are ignored, missing or unreadable
-artifacts become `problems` (reasons), never exceptions. `.pt` files are loaded with
-`torch.load(weights_only=True)`; torch is imported only here, only when a `.pt` file exists.
+artifacts become `problems` (reasons), never exceptions. `.pt` files are read by `read_pt`:
+`judge/ptfile.py`'s restricted reader (a strict subset of `weights_only=True`), else
+`torch.load(weights_only=True)`; torch is imported only when a `.pt` file exists.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
 from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
+from pytest_rlkernel_matrix.judge.ptfile import Unsupported, load_plain
 from pytest_rlkernel_matrix.store.safeio import (
     MAX_JSON_BYTES,
     MAX_PT_BYTES,
@@ -394,7 +396,7 @@ def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any
         problems.append(str(exc))
         return None
     try:
-        data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        data = read_pt(raw, torch)
     except Exception as exc:  # torch raises many types for a bad pickle
         problems.append(f"unreadable {path.name}: {type(exc).__name__}: {str(exc)[:200]}")
         return None
@@ -402,6 +404,15 @@ def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any
         problems.append(f"{path.name} is not a dict")
         return None
     return data, hashlib.sha256(raw).hexdigest()
+
+
+def read_pt(raw: bytes, torch: Any) -> Any:
+    """A `.pt` file's object: the restricted fast reader (`judge.ptfile`, a strict subset of what
+    `weights_only=True` accepts), else `torch.load(weights_only=True)` (everything it reads)."""
+    try:
+        return load_plain(raw)
+    except Unsupported:
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
 
 
 def _renumber(samples: Iterable[Sample]) -> list[Sample]:

@@ -7,6 +7,10 @@ pytest session used, so a re-analysis reproduces `matrix-report.json` except for
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,10 +21,12 @@ from pytest_rlkernel_matrix.report.record import (
     alias_record,
     analyze_run,
     cell_from_dict,
+    error_record,
 )
 from pytest_rlkernel_matrix.spec.cells import Cases, Cell
 from pytest_rlkernel_matrix.spec.terms import CASES, MODULES
 from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+from pytest_rlkernel_matrix.store.redact import Scrubber
 
 
 def _gaps(matrix_file: str | None, hardware: str) -> tuple[Any, ...]:
@@ -61,25 +67,87 @@ def _cell_from_dir(run_dir: Path) -> Cell:
                 Cases(cases["attention"], cases["ffn"], cases["logp"]))
 
 
-def reanalyze(root: Path, output: Path | None = None) -> Path:
+@dataclass
+class _Task:
+    rel: str
+    hardware: str
+    cell: Cell
+    mode: str
+    record: dict[str, Any] | None = None
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell,
+                  mode: str) -> dict[str, Any]:
+    """One cell's analysis (in a pool worker: one cell's samples in memory at a time)."""
+    return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel)
+
+
+def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], jobs: int,
+               done: Callable[[_Task], None]) -> None:
+    if jobs <= 1 or len(todo) <= 1:
+        for task in todo:
+            task.record = _analyze_task(root, task.rel, gaps[task.hardware], task.cell,
+                                        task.mode)
+            done(task)
+        return
+    # fork: the workers start at once with this process's imports (the CLI runs no threads).
+    import importlib.util
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401  (once here, not once per worker: forked workers share it)
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+        futures = {pool.submit(_analyze_task, root, t.rel, gaps[t.hardware], t.cell, t.mode): t
+                   for t in todo}
+        for future in as_completed(futures):
+            task = futures[future]
+            try:
+                task.record = future.result()
+            except Exception as exc:  # a worker died (killed, out of memory): this cell errs
+                task.record = error_record(task.cell, task.mode, "analysis failed in a worker "
+                                           f"process: {type(exc).__name__}: {str(exc)[:300]}",
+                                           task.rel)
+            done(task)
+
+
+def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None,
+              use_cache: bool = True, log: Callable[[str], None] | None = None,
+              progress: bool | None = None) -> Path:
     """Rewrite `<root>/matrix-report.json` (or `output`) from the artifacts under `root`.
 
     A corrupt `matrix-report.json` is rebuilt from the cell directories; a corrupt
     `cell-run.json` makes that cell an `error` record naming the file, never an exception.
+    Cells are analysed in `jobs` processes (default: the CPUs of this process's affinity);
+    a cell whose artifacts are unchanged since the last report comes from the analysis cache
+    (`report/cache.py`) unless `use_cache` is false. `log` gets one line per cache miss and a
+    summary; `progress` shows a bar on a terminal (None: when stderr is one).
     """
+    from pytest_rlkernel_matrix.report import cache
+
     old_path = root / REPORT_FILE
     notes: list[str] = []
     old = _read_old_report(old_path, notes)
     matrix = old.get("matrix", {}) if isinstance(old.get("matrix"), dict) else {}
-    cache: dict[str, dict[str, Any]] = {}
+    tasks: dict[str, _Task] = {}
+    gaps: dict[str, tuple[Any, ...]] = {}
 
-    def analyzed(rel: str, hardware: str, cell: Cell, mode: str) -> dict[str, Any]:
-        if rel not in cache:
-            cache[rel] = analyze_run(root / rel, gaps=_gaps(matrix.get("file"), hardware),
-                                     cell=cell, mode=mode, artifact_dir=rel)
-        return cache[rel]
+    def task(rel: str, hardware: str, cell: Cell, mode: str) -> _Task:
+        if hardware not in gaps:
+            gaps[hardware] = tuple(_gaps(matrix.get("file"), hardware))
+        return tasks.setdefault(rel, _Task(rel, hardware, cell, mode))
 
-    records: list[dict[str, Any]] = []
+    plan: list[tuple[_Task | None, Cell | None, dict[str, Any]]] = []
     if old.get("cells"):
         for cell_data in old["cells"]:
             try:
@@ -89,18 +157,57 @@ def reanalyze(root: Path, output: Path | None = None) -> Path:
                 continue
             rel = cell_data.get("artifact_dir")
             if not rel or not (root / rel / CELL_RUN_FILE).exists():
-                records.append(cell_data)  # not run / refused: nothing on disk to re-read
+                plan.append((None, None, cell_data))  # not run / refused: nothing to re-read
                 continue
-            record = alias_record(
-                analyzed(rel, cell.hardware, cell, str(cell_data.get("mode"))), cell)
-            record["shared_with"] = cell_data.get("shared_with", [])
-            records.append(record)
+            plan.append((task(rel, cell.hardware, cell, str(cell_data.get("mode"))), cell,
+                         cell_data))
     else:
         for meta_path in sorted(root.glob(f"*/*/{CELL_RUN_FILE}")):
             rel = str(meta_path.parent.relative_to(root))
-            cell = _cell_from_dir(meta_path.parent)
-            records.append(analyzed(rel, meta_path.parent.parent.name, cell,
-                                    str(matrix.get("mode", "?"))))
+            plan.append((task(rel, meta_path.parent.parent.name, _cell_from_dir(meta_path.parent),
+                              str(matrix.get("mode", "?"))), None, {}))
+    keys: dict[str, dict[str, Any]] = {}
+    todo: list[_Task] = []
+    scrub = Scrubber.from_env(os.environ).obj
+    for t in tasks.values():
+        if use_cache:
+            # The cell and mode label only a record whose cell-run.json is unusable, which is
+            # never cached (`done`): the key is the directory and the matrix file's gaps.
+            keys[t.rel] = cache.cache_key(root / t.rel, {
+                "artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]})
+            hit, why = cache.lookup(root, t.rel, keys[t.rel])
+            if hit is not None:
+                t.record = scrub(hit)
+                continue
+            if log is not None:
+                log(f"cache: {t.rel}: read again: {why}")
+        todo.append(t)
+    bar = _bar(len(todo), progress)
+
+    def done(t: _Task) -> None:
+        reasons = (t.record or {}).get("reasons") or [""]
+        if use_cache and t.record is not None and not str(reasons[0]).startswith(
+                ("cell-run.json: ", "analysis failed")):
+            cache.store(root, t.rel, keys[t.rel], t.record)
+        bar.update(t)
+
+    try:
+        _run_tasks(root, todo, gaps, jobs or default_jobs(), done)
+    finally:
+        bar.close()
+    if log is not None and use_cache:
+        log(f"cache: {len(tasks) - len(todo)} of {len(tasks)} run directories unchanged "
+            f"(reused), {len(todo)} read")
+    records: list[dict[str, Any]] = []
+    for t, cell, cell_data in plan:
+        if t is None:
+            records.append(cell_data)
+        elif cell is None:
+            records.append(t.record or {})
+        else:
+            record = alias_record(t.record or {}, cell)
+            record["shared_with"] = cell_data.get("shared_with", [])
+            records.append(record)
     expected = old.get("expected_cells", len(records))
     report = build_report(
         records, matrix=matrix, matrix_root=root,
@@ -123,3 +230,30 @@ def reanalyze(root: Path, output: Path | None = None) -> Path:
     write_html(report, target.with_name(HTML_FILE), pre_data)
     return target
 
+
+
+class _Bar:
+    """A tqdm bar over the cells being read, on a terminal only (silent in CI logs)."""
+
+    def __init__(self, total: int, show: bool) -> None:
+        self._bar: Any = None
+        if show and total:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="cell", desc="rlk-matrix report",
+                             file=sys.stderr, dynamic_ncols=True, leave=False)
+
+    def update(self, task: _Task) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(task.rel, refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _bar(total: int, progress: bool | None) -> _Bar:
+    show = progress if progress is not None else bool(
+        getattr(sys.stderr, "isatty", lambda: False)())
+    return _Bar(total, show)

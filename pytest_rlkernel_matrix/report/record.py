@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
 from pytest_rlkernel_matrix.store.redact import Scrubber
 
 CELL_RUN_FILE = "cell-run.json"
+# The analysis of the same artifacts gives other records when this changes: bump it with any
+# change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
+ANALYSIS_VERSION = 1
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
     "logprob_abs_diff_p50", "logprob_abs_diff_p90", "logprob_abs_diff_p99", "mismatch_count",
@@ -129,7 +133,9 @@ def analyze_run(
             raise
         return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
     try:
+        t0 = time.perf_counter()
         ev = read_evidence(run_dir)
+        t1 = time.perf_counter()
         decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
                           env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
                           gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
@@ -140,7 +146,10 @@ def analyze_run(
         # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
         # gap for runs recorded without them.
         fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
+        t2 = time.perf_counter()
         record = build_record(run_cell, meta, run, ev, decision, fps)
+        record.update(overhead_fields(meta, run, {"evidence_s": t1 - t0, "verdict_s": t2 - t1,
+                                                  "record_s": time.perf_counter() - t2}))
         scheduler = meta.get("scheduler")
         if isinstance(scheduler, dict):
             _judge_node(record, run_cell, scheduler, fps)
@@ -173,6 +182,29 @@ def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
                "reasons": [f"{path.parent.name}/localisation.json: unreadable: {exc}"],
                "summary": "probe incomparable: localisation.json unreadable"}
     record["localisation"] = loc
+
+
+def overhead_fields(meta: Mapping[str, Any], run: RunResult,
+                    analysis: Mapping[str, float]) -> dict[str, Any]:
+    """`overhead_s`: seconds the plugin spent on the cell outside the cell's own processes.
+
+    The session's part comes from `cell-run.json`'s `overhead` (making the run directory and
+    environment, launch + contamination sampling + waiting slack beyond the process's wall
+    time, writing cell-run.json); the analysis' part (reading the evidence, the verdict,
+    building the record) is measured by the analysis that made this record (a re-analysis
+    measures its own). Writing `cell-record.json` afterwards is not counted.
+    """
+    session = meta.get("overhead") if isinstance(meta.get("overhead"), dict) else {}
+    parts = {k: float(v) for k, v in session.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    parts.update(analysis)
+    parts = {k: round(max(0.0, v), 6) for k, v in parts.items()}
+    total = round(sum(parts.values()), 6)
+    wall = float(run.wall_time or 0.0) + total
+    return {"overhead_s": total,
+            "overhead": {**parts, "process_wall_s": run.wall_time, "cell_wall_s": round(wall, 6),
+                         "fraction": round(total / wall, 6) if wall > 0 else None,
+                         "session_measured": bool(session)}}
 
 
 def _judge_node(record: dict[str, Any], cell: Cell, scheduler: Mapping[str, Any],

@@ -1,0 +1,221 @@
+"""`rlk-matrix report` at the scale of RL-Kernel's 200-step runs: cold, warm, one changed cell.
+
+    python benchmarks/bench_report_scale.py [--scale 1.0] [--root DIR] [--keep] [--jobs N]
+
+Builds `<root>/cpu/<module>-<case>/` for 3 modules x 4 cases laid out as RL-Kernel writes a
+run with tp 2 x cp 2 (4 ranks, one data-parallel group): per rank and call one sidecar
+`mismatch-sidecars/rank{rank:05d}.call{call:08d}.pt` (`schema_version` v1, 8 samples of a
+2,560-token response, 2,500 of it under the loss mask, CP-sliced zigzag, TP replicas equal),
+200 calls per rank at `--scale 1` (800 sidecars, 4,000,000 active tokens per cell), one weight
+audit per version (`weight-audit/<version>.json` and `weight-audit/rollout/<version>.json`, 64
+tensors each), and the example CPU run's readbacks, run.log, manifest and cell-run.json.
+`--scale` multiplies the calls (0.05: 10 calls per rank, for development).
+
+Then, each in its own child process (peak RSS = the child's `ru_maxrss` and its pool workers'),
+side by side: the sequential path without cache (`--no-cache --jobs 1`), a cold report (no
+cache), a warm re-report (nothing changed) and a re-report after one cell's sidecar was
+touched. Prints wall time, active tokens/s over the whole root and peak RSS for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "docs" / "examples" / "cpu" / "cpu"
+MODULES = ("attention", "ffn", "logp")
+CASES = ("R/R", "P/R", "R/P", "P/P")
+TP, CP = 2, 2
+CALLS = 200
+SAMPLES = 8
+RESPONSE = 2_560
+MASKED = 60  # leading response tokens with loss mask 0
+PROMPT = 512
+AUDIT_TENSORS = 64
+SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"
+
+
+def _slug(module: str, case: str) -> str:
+    return f"{module}-{case.replace('/', '').lower()}"
+
+
+def _zigzag(total: int, response: int, cp_rank: int) -> Any:
+    """Which response tokens CP rank `cp_rank` holds: the reader's own rule when it has one."""
+    import numpy as np
+
+    try:
+        from pytest_rlkernel_matrix.judge.evidence import _zigzag_keep
+
+        return _zigzag_keep(total, response, CP, cp_rank)
+    except ImportError:  # the reader changed its helper: chunks r and 2cp-1-r
+        chunk = -(-total // (2 * CP))
+        keep = np.zeros(total, dtype=bool)
+        for c in (cp_rank, 2 * CP - 1 - cp_rank):
+            keep[c * chunk:(c + 1) * chunk] = True
+        return keep[total - response:total]
+
+
+def _audit(version: str, scope: str, seed: int) -> dict[str, Any]:
+    import hashlib
+
+    tensors = {f"model.layers.{i // 8}.w{i % 8}": {
+        "sha256": hashlib.sha256(f"{seed}.{version}.{i}".encode()).hexdigest(),
+        "shape": [256, 256], "dtype": "torch.bfloat16"} for i in range(AUDIT_TENSORS)}
+    digest = hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest()
+    return {"version": version, "scope": scope, "sha256": digest,
+            "tensor_count": len(tensors), "tensors": tensors}
+
+
+def _cell(dst: Path, module: str, case: str, seed: int, calls: int) -> int:
+    import torch
+
+    total = PROMPT + RESPONSE
+    keeps = [torch.from_numpy(_zigzag(total, RESPONSE, r)) for r in range(CP)]
+    gen = torch.Generator().manual_seed(seed)
+    side = dst / "mismatch-sidecars"
+    side.mkdir(parents=True)
+    (dst / "weight-audit" / "rollout").mkdir(parents=True, exist_ok=True)
+    active = 0
+    for call in range(calls):
+        full_t = [-torch.rand(RESPONSE, generator=gen) * 5 for _ in range(SAMPLES)]
+        full_r = [t.clone() if case == "R/R" else t + 1e-3 * torch.randn(RESPONSE, generator=gen)
+                  for t in full_t]
+        mask = torch.ones(RESPONSE)
+        mask[:MASKED] = 0
+        active += SAMPLES * (RESPONSE - MASKED)
+        for rank in range(TP * CP):
+            keep = keeps[(rank // TP) % CP]
+            torch.save({
+                "schema_version": SCHEMA, "rank": rank, "call_index": call,
+                "tensor_parallel_size": TP, "context_parallel_size": CP,
+                "train_log_probs": [t[keep].clone() for t in full_t],
+                "rollout_log_probs": [r[keep].clone() for r in full_r],
+                "loss_masks": [mask[keep].clone() for _ in full_t],
+                "total_lengths": [total] * SAMPLES, "response_lengths": [RESPONSE] * SAMPLES,
+            }, side / f"rank{rank:05d}.call{call:08d}.pt")
+        version = str(call)
+        train = _audit(version, "all_exported_parameters", seed)
+        (dst / "weight-audit" / f"{version}.json").write_text(json.dumps(train))
+        roll = dict(train, scope="rollout_loaded_parameters")
+        (dst / "weight-audit" / "rollout" / f"{version}.json").write_text(json.dumps(roll))
+    return active
+
+
+def build_root(root: Path, scale: float) -> int:
+    """12 run directories under `root/cpu` (no matrix-report.json: the report globs them)."""
+    calls = max(1, round(CALLS * scale))
+    active = 0
+    for i, (module, case) in enumerate((m, c) for m in MODULES for c in CASES):
+        slug = _slug(module, case)
+        src = EXAMPLE / (slug if (EXAMPLE / slug).exists() else "attention-rr")
+        dst = root / "cpu" / slug
+        dst.mkdir(parents=True)
+        shutil.copytree(src / "readbacks", dst / "readbacks")
+        for name in ("run.log", "manifest.json", "exit-code", "matrix-case.env"):
+            shutil.copy2(src / name, dst / name)
+        meta = json.loads((src / "cell-run.json").read_text())
+        meta["cell"] = {"hardware": "cpu", "module": module, "case": case,
+                        "cases": {m: case if m == module else "R/R" for m in MODULES}}
+        meta["artifact_dir"] = f"cpu/{slug}"
+        meta["run_id"] = f"cpu-{slug}-bench"
+        (dst / "cell-run.json").write_text(json.dumps(meta, indent=2))
+        active += _cell(dst, module, case, seed=i, calls=calls)
+    return active
+
+
+def measure(root: Path, args: list[str]) -> None:
+    """Child: `rlk-matrix report <root> <args>` in this process; one JSON line of figures."""
+    from pytest_rlkernel_matrix import cli
+
+    start = time.perf_counter()
+    rc = cli.main(["report", str(root), *args])
+    wall = time.perf_counter() - start
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"rc": rc, "wall_s": wall, "maxrss_kib": own,
+                      "worker_maxrss_kib": workers}))
+
+
+def _child(root: Path, args: list[str]) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--measure", str(root), "--", *args]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd} failed:\n{proc.stderr[-2000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["process_s"] = time.perf_counter() - start
+    res["cache_lines"] = [ln for ln in proc.stderr.splitlines() if ln.startswith("cache:")]
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiplies the 200 calls per rank (default 1: 4M active tokens/cell)")
+    ap.add_argument("--root", type=Path, default=None, help="matrix root to build (default: tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep the root")
+    ap.add_argument("--jobs", type=int, default=None, help="--jobs of the parallel runs")
+    ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--build", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.measure:
+        measure(args.measure, args.rest)
+        return 0
+    if args.build:
+        print(build_root(args.build, args.scale))
+        return 0
+    root = args.root or Path(tempfile.mkdtemp(prefix="rlk-bench-scale-")) / "matrix"
+    start = time.perf_counter()
+    built = subprocess.run([sys.executable, __file__, "--build", str(root), "--scale",
+                            str(args.scale)], check=True, capture_output=True, text=True)
+    active = int(built.stdout.split()[-1])
+    files = list(root.rglob("*.pt"))
+    disk = sum(p.stat().st_size for p in files)
+    cpus = len(os.sched_getaffinity(0))
+    print(f"built {root}: 12 cells, tp {TP} x cp {CP}, {max(1, round(CALLS * args.scale))} "
+          f"calls per rank, {len(files):,} sidecars ({disk / 2**20:.0f} MiB), "
+          f"{active:,} active tokens ({active // 12:,} per cell), "
+          f"{time.perf_counter() - start:.0f}s; {cpus} CPUs in this process's affinity; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    jobs = [] if args.jobs is None else ["--jobs", str(args.jobs)]
+    try:
+        rows = [("sequential, no cache (--no-cache --jobs 1)", _child(root, ["--no-cache",
+                                                                             "--jobs", "1"]))]
+        shutil.rmtree(root / ".rlk-cache", ignore_errors=True)
+        rows.append(("cold (parallel, empty cache)", _child(root, jobs)))
+        rows.append(("warm (nothing changed)", _child(root, jobs)))
+        touched = root / "cpu" / "ffn-pr" / "mismatch-sidecars" / "rank00000.call00000000.pt"
+        st = touched.stat()
+        os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        rows.append(("one changed cell (a sidecar touched)", _child(root, jobs)))
+        report = json.loads((root / "matrix-report.json").read_text())
+        tokens = sum(int(c.get("active_token_count") or 0) for c in report["cells"])
+        print(f"report: {report['summary']}, {tokens:,} active tokens in the report")
+        base = rows[0][1]["wall_s"]
+        print("| run | wall s | process s | active tokens/s | peak RSS MiB (main / largest "
+              "worker) | vs sequential | cache |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for name, r in rows:
+            cache = r["cache_lines"][-1].removeprefix("cache: ") if r["cache_lines"] else "-"
+            print(f"| {name} | {r['wall_s']:.2f} | {r['process_s']:.2f} | "
+                  f"{tokens / r['wall_s'] / 1e6:.2f}M | {r['maxrss_kib'] / 1024:.0f} / "
+                  f"{r['worker_maxrss_kib'] / 1024:.0f} | {base / r['wall_s']:.2f}x | {cache} |")
+    finally:
+        if not args.keep and args.root is None:
+            shutil.rmtree(root.parent, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Analysis at scale: the restricted `.pt` reader, the parallel and cached `rlk-matrix report`,
+the progress bar and the plugin's overhead fields."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_rlkernel_matrix.judge.evidence import read_pt
+from pytest_rlkernel_matrix.judge.ptfile import Unsupported, load_plain
+
+
+def _saved(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and a.stride() == b.stride() and torch.equal(a, b))
+    if isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in b)
+    if isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_fast_reader_gives_what_torch_load_gives() -> None:
+    base = torch.arange(12, dtype=torch.float32)
+    obj = {"schema_version": "x", "rank": 3, "f": 1.5, "none": None, "ok": True,
+           "lists": [torch.randn(7, dtype=torch.bfloat16), torch.randn(5, dtype=torch.float16),
+                     torch.randn(4, dtype=torch.float64), torch.tensor([True, False]),
+                     torch.arange(6), base[2:9], base.view(3, 4).t(), base[:0]],
+           "nested": ({"a": [1, 2]}, (base[1:3],)), 5: "int key"}
+    raw = _saved(obj)
+    assert _same(load_plain(raw), torch.load(io.BytesIO(raw), weights_only=True))
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+@pytest.mark.parametrize("obj", [
+    {"size": torch.Size([2, 3])},                       # a global outside the allowlist
+    {"p": torch.nn.Parameter(torch.ones(2))},           # requires_grad / another rebuilder
+    {"s": {1, 2}},                                      # a type outside plain data
+])
+def test_fast_reader_refuses_what_it_does_not_know_and_torch_decides(obj: Any) -> None:
+    raw = _saved(obj)
+    with pytest.raises(Unsupported):
+        load_plain(raw)
+    assert _same(read_pt(raw, torch), torch.load(io.BytesIO(raw), weights_only=True))
+
+
+def test_no_unpickler_runs_a_foreign_global(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save({"x": _Evil()}, buf, pickle_module=pickle)
+    raw = buf.getvalue()
+    with pytest.raises(Unsupported, match=r"global (posix|os)\.system"):
+        load_plain(raw)
+    with pytest.raises(pickle.UnpicklingError):  # and torch's weights_only path refuses it
+        read_pt(raw, torch)
+    with pytest.raises(Unsupported):
+        load_plain(b"not a zip at all")
+
+
+# -- rlk-matrix report: parallel, cached, progress ------------------------------------------------
+
+TIMING_FIELDS = ("overhead_s", "overhead")
+
+
+def _root(tmp_path: Path) -> Path:
+    from cellkit import CellKit
+
+    root = tmp_path / "root"
+    for module, case in (("attention", "R/R"), ("attention", "P/R"), ("ffn", "R/P")):
+        CellKit(root, module=module, case=case).write()
+    return root
+
+
+def _cells(root: Path, **kwargs: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    import json
+
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    lines: list[str] = []
+    path = reanalyze(root, log=lines.append, progress=False, **kwargs)
+    cells = json.loads(path.read_text())["cells"]
+    for c in cells:
+        for k in TIMING_FIELDS:
+            c.pop(k, None)
+    return cells, lines
+
+
+def test_parallel_analysis_equals_the_sequential_one(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    seq, _ = _cells(root, jobs=1, use_cache=False)
+    par, _ = _cells(root, jobs=3, use_cache=False)
+    assert [c["verdict"] for c in seq] == ["valid"] * 3
+    assert par == seq
+    assert not (root / ".rlk-cache").exists()  # --no-cache neither reads nor writes it
+
+
+def test_a_cache_hit_gives_the_full_read_record_and_changes_invalidate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.report import record
+
+    root = _root(tmp_path)
+    first, lines = _cells(root, jobs=1)  # no matrix-report.json yet: cells from the directories
+    assert lines[-1] == "cache: 0 of 3 run directories unchanged (reused), 3 read"
+    _, lines = _cells(root, jobs=1)  # now from matrix-report.json's cells: the same keys
+    assert lines == ["cache: 3 of 3 run directories unchanged (reused), 0 read"]
+    shutil.rmtree(root / ".rlk-cache")
+    full, _ = _cells(root, jobs=1, use_cache=False)
+    assert full == first
+    cold, lines = _cells(root, jobs=2)
+    assert cold == full and lines[-1] == ("cache: 0 of 3 run directories unchanged (reused), "
+                                          "3 read")
+    assert lines[0].endswith(": read again: no cache entry")
+    warm, lines = _cells(root, jobs=2)
+    assert warm == full
+    assert lines == ["cache: 3 of 3 run directories unchanged (reused), 0 read"]
+    # a touched sidecar (same bytes, new mtime): that cell only is read again
+    pt = root / "cpu" / "attention-rr" / "mismatch-sidecars" / "rank00000.call00000000.pt"
+    st = pt.stat()
+    os.utime(pt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    again, lines = _cells(root, jobs=2)
+    assert again == full
+    assert lines == ["cache: cpu/attention-rr: read again: "
+                     "mismatch-sidecars/rank00000.call00000000.pt changed (mtime_ns)",
+                     "cache: 2 of 3 run directories unchanged (reused), 1 read"]
+    # a small file edited in place, size and mtime kept: its sha256 tells
+    log = root / "cpu" / "ffn-rp" / "run.log"
+    st = log.stat()
+    text = log.read_text()
+    log.write_text(text.replace("perf/step_time': 3.0", "perf/step_time': 4.0"))
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed, lines = _cells(root, jobs=1)
+    assert lines[0] == "cache: cpu/ffn-rp: read again: run.log changed (sha256)"
+    assert [c.get("step_wall_time") for c in changed] != [c.get("step_wall_time") for c in full]
+    # a new analysis version: every entry is ignored
+    monkeypatch.setattr(record, "ANALYSIS_VERSION", record.ANALYSIS_VERSION + 1)
+    _, lines = _cells(root, jobs=1)
+    assert sum("read again: analysis version" in line for line in lines) == 3
+    # a corrupt entry is ignored with its reason, never trusted
+    entry = root / ".rlk-cache" / "cpu__attention-pr.json"
+    entry.write_text("{")
+    _, lines = _cells(root, jobs=1)
+    assert "cache: cpu/attention-pr: read again: unreadable cache entry (JSONDecodeError)" in lines
+
+
+def test_report_cli_options_and_no_progress_without_a_terminal(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = _root(tmp_path)
+    cmd = [sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report", str(root)]
+    first = subprocess.run([*cmd, "--jobs", "2"], capture_output=True, text=True, check=True)
+    assert "3 valid in 3 of 3 cells" in first.stdout
+    assert "\r" not in first.stderr and "cell/s" not in first.stderr  # no bar in a log
+    second = subprocess.run([*cmd, "--no-cache", "--jobs", "1"], capture_output=True, text=True,
+                            check=True)
+    assert "cache:" not in second.stderr
+    bad = subprocess.run([*cmd, "--jobs", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--jobs must be at least 1" in bad.stderr
+
+
+def test_progress_bar_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    reanalyze(_root(tmp_path), jobs=1, use_cache=False, progress=True)
+    err = capsys.readouterr().err
+    assert "rlk-matrix report" in err and "0/3 [" in err and "cell/s" in err
+
+
+# -- the plugin's overhead per cell ----------------------------------------------------------------
+
+def test_records_carry_the_plugin_overhead(pytester: pytest.Pytester, make_matrix: Any,
+                                           tmp_path: Path) -> None:
+    import json
+
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    make_matrix(modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "-p", "no:cacheprovider",
+                                "-k", "R/R")
+    assert result.ret == 0
+    cells = json.loads((root / "matrix-report.json").read_text())["cells"]
+    (rec,) = cells
+    parts = rec["overhead"]
+    for key in ("env_s", "launch_wait_s", "record_write_s", "evidence_s", "verdict_s",
+                "record_s"):
+        assert isinstance(parts[key], float) and parts[key] >= 0, key
+    named = sum(parts[k] for k in ("env_s", "launch_wait_s", "record_write_s", "evidence_s",
+                                   "verdict_s", "record_s"))
+    assert rec["overhead_s"] == pytest.approx(named, abs=1e-5)
+    assert parts["session_measured"] is True
+    assert parts["cell_wall_s"] == pytest.approx(rec["process_wall_time"] + rec["overhead_s"],
+                                                 abs=1e-5)
+    assert 0 <= parts["fraction"] < 1
+    assert rec["overhead_s"] < parts["cell_wall_s"]
+    meta = json.loads((root / rec["artifact_dir"] / "cell-run.json").read_text())
+    assert set(meta["overhead"]) == {"env_s", "launch_wait_s", "record_write_s"}
+    # a re-analysis keeps the session's part and measures its own analysis
+    again = json.loads(reanalyze(root, jobs=1, use_cache=False,
+                                 progress=False).read_text())["cells"][0]
+    assert {k: again["overhead"][k] for k in meta["overhead"]} == meta["overhead"]
