@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, read_evidence
+from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
 from pytest_rlkernel_matrix.judge.verdict import Decision, Policy, contract_id, decide
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -28,11 +29,12 @@ from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
 from pytest_rlkernel_matrix.store.redact import Scrubber
 
 CELL_RUN_FILE = "cell-run.json"
+MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
     "logprob_abs_diff_p50", "logprob_abs_diff_p90", "logprob_abs_diff_p99", "mismatch_count",
     "bitwise_mismatch_count", "mismatch_fraction", "mismatch_kl", "mismatch_k3_kl",
-    "sample_count", "rank_count", "nonfinite_count",
+    "train_rollout_logprob_abs_diff", "sample_count", "rank_count", "nonfinite_count",
 )
 
 
@@ -225,6 +227,9 @@ def build_record(
         "cpu_share": meta.get("cpu_share"),
         "window": meta.get("window"),
         **{k: metrics.get(k) for k in METRIC_FIELDS},
+        "mismatch_kl_estimator": MISMATCH_KL_LABEL if metrics.get("mismatch_kl") is not None
+        else None,
+        "figure_convention": FIGURE_CONVENTION if metrics else None,
         **phases,
         "phase_spread": spread,
         "logprob_source": ev.logprob_source,
