@@ -20,7 +20,13 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
 from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
-from pytest_rlkernel_matrix.judge.sidecars import Shard, merge, read_sidecar
+from pytest_rlkernel_matrix.judge.sidecars import (
+    Shard,
+    SidecarError,
+    SidecarRefused,
+    merge,
+    read_sidecar,
+)
 from pytest_rlkernel_matrix.store.safeio import (
     MAX_JSON_BYTES,
     MAX_PT_BYTES,
@@ -298,8 +304,9 @@ def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard]) -> None:
         info, found = read_sidecar(data, rel)
     except (ValueError, TypeError, IndexError, RecursionError, OverflowError, MemoryError,
             RuntimeError) as exc:
-        what = "refused" if "refused" in str(exc) else "malformed"
-        ev.problems.append(f"sidecar {rel}: {what}: {type(exc).__name__}: {str(exc)[:200]}")
+        what = "refused" if isinstance(exc, SidecarRefused) else "malformed"
+        kind = "" if isinstance(exc, SidecarError) else f"{type(exc).__name__}: "
+        ev.problems.append(f"sidecar {rel}: {what}: {kind}{str(exc)[:200]}")
         return
     ev.sidecar_files.append(rel)
     _add_unique(ev.sidecar_schema, info.schema)

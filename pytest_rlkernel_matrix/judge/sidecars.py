@@ -33,7 +33,11 @@ LIST_FIELDS = ("train_log_probs", "rollout_log_probs", "loss_masks", "total_leng
 
 
 class SidecarError(ValueError):
-    """A sidecar refused as a whole (the message names the key)."""
+    """A malformed sidecar, refused as a whole (the message names the key)."""
+
+
+class SidecarRefused(SidecarError):
+    """A sidecar of a schema this reader does not know (the message names the key)."""
 
 
 def response_offsets(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
@@ -57,16 +61,16 @@ def schema_of(data: Mapping[str, Any]) -> str:
     if "schema_version" in data:
         value = data["schema_version"]
         if value != SIDECAR_SCHEMA:
-            raise SidecarError(f"schema_version is {str(value)[:80]!r}, not {SIDECAR_SCHEMA!r}: "
-                               "refused")
+            raise SidecarRefused(f"schema_version is {str(value)[:80]!r}, not "
+                                 f"{SIDECAR_SCHEMA!r}")
         return str(value)
     if "schema" in data:
         value = data["schema"]
         if value not in LEGACY_SCHEMAS:
-            raise SidecarError(f"schema (legacy key) is {str(value)[:80]!r}, not "
-                               f"{SIDECAR_SCHEMA!r}: refused")
+            raise SidecarRefused(f"schema (legacy key) is {str(value)[:80]!r}, not "
+                                 f"{SIDECAR_SCHEMA!r}")
         return f"schema={value} (legacy key; RL-Kernel's validator wants schema_version)"
-    raise SidecarError(f"no schema_version key (expected {SIDECAR_SCHEMA!r}): refused")
+    raise SidecarRefused(f"no schema_version key (expected {SIDECAR_SCHEMA!r})")
 
 
 def _count(value: Any, what: str, minimum: int) -> int:
