@@ -129,7 +129,7 @@ class CellKit:
             train.append(t)
             roll.append(r)
             masks.append(torch.ones(n))
-        return {"schema": "rlkernel.vime_rocm_attention_mismatch_sidecar.v1", "rank": rank,
+        return {"schema_version": "rlkernel.vime_rocm_attention_mismatch_sidecar.v1", "rank": rank,
                 "call_index": 0, "tensor_parallel_size": 1, "context_parallel_size": 1,
                 "train_log_probs": train, "rollout_log_probs": roll, "loss_masks": masks,
                 "total_lengths": [x.numel() + 8 for x in train],

@@ -77,7 +77,8 @@ def _sidecar(target: Path, cases: dict[str, str], mode: str, scenario: str, n_sa
         resp.append(r)
 
     torch.save({
-        "schema": "rlkernel.vime_rocm_attention_mismatch_sidecar.v1", "rank": 0, "call_index": 0,
+        "schema_version": "rlkernel.vime_rocm_attention_mismatch_sidecar.v1", "rank": 0,
+        "call_index": 0,
         "tensor_parallel_size": 1, "context_parallel_size": 1, "train_log_probs": train_lp,
         "rollout_log_probs": roll_lp, "loss_masks": masks, "total_lengths": totals,
         "response_lengths": resp,

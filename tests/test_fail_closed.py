@@ -404,7 +404,7 @@ def test_deeply_nested_json_is_a_reason(tmp_path: Path) -> None:
     (lambda d: d["train_log_probs"].__setitem__(0, torch.tensor(1.0)),
      "train_log_probs[0] is a 0-d tensor, expected 1-d"),
     (lambda d: d.update(context_parallel_size=2, total_lengths=[-5] * 4),
-     "total_lengths[] is -5, below 0"),
+     "total_lengths[0] is -5, below 1"),
     (lambda d: d.update(rank="zero"), "rank is 'zero', not an integer"),
     (lambda d: d.update(loss_masks=[[1, [2]]] * 4), "ValueError"),
 ])

@@ -202,11 +202,18 @@ def test_not_judged_reasons_are_visible_without_expanding() -> None:
 
 def test_mismatch_kl_is_labelled_by_estimator() -> None:
     report = sample_report()
-    report["cells"][1].update(mismatch_kl=-2.067e-05, mismatch_k3_kl=1.39e-05)
+    report["cells"][1].update(mismatch_kl=2.067e-05, mismatch_k3_kl=1.408e-05)
     text = render_html(report, PREFLIGHT)
-    assert "mismatch KL, k3 = mean(e^d - d - 1) &gt;= 0" in text
-    assert "mismatch KL, k1 = mean(-d), sign not meaningful" in text
-    assert "-2.07e-05" in text and "1.39e-05" in text
+    assert ("mismatch KL, k3 = mean(exp(delta) - delta - 1) &gt;= 0, delta = train - rollout"
+            in text)
+    assert "mismatch KL, k1 = mean(rollout - train), sign not meaningful" in text
+    assert "2.07e-05" in text and "1.41e-05" in text
+
+
+def test_a_byte_only_mismatch_is_shown_beside_the_value_count() -> None:
+    report = sample_report()
+    report["cells"][0].update(mismatch_count=0, bitwise_mismatch_count=1, active_token_count=55)
+    assert "0/55 (1 in bytes)" in render_html(report, PREFLIGHT)
 
 
 def test_markup_lives_in_the_template() -> None:

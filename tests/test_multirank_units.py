@@ -129,25 +129,28 @@ def test_missing_collective_backend_blocks_a_multi_rank_cell(tmp_path: Path) -> 
 def test_cp_slices_merge_to_one_sample_and_a_missing_slice_is_a_problem() -> None:
     import torch
 
-    from pytest_rlkernel_matrix.judge.evidence import _CpSlice, _merge_cp, _samples_from_sidecar
-    from pytest_rlkernel_matrix.workload.parallel import zigzag_response_keep
+    from pytest_rlkernel_matrix.judge.sidecars import SIDECAR_SCHEMA, merge, read_sidecar
+    from pytest_rlkernel_matrix.workload.parallel import zigzag_response_offsets
 
     total, response = 11, 7
     full = torch.arange(response, dtype=torch.float32)
-    samples, slices, problems = [], [], []
+    shards = []
     for rank in (0, 1):
-        keep = zigzag_response_keep(total, response, 2, rank)
-        data = {"rank": rank, "tensor_parallel_size": 1, "context_parallel_size": 2,
-                "train_log_probs": [full[keep]], "rollout_log_probs": [full[keep]],
+        held = zigzag_response_offsets(total, response, 2, rank)
+        data = {"schema_version": SIDECAR_SCHEMA, "rank": rank, "call_index": 0,
+                "tensor_parallel_size": 1, "context_parallel_size": 2,
+                "train_log_probs": [full[held]], "rollout_log_probs": [full[held]],
                 "loss_masks": [torch.ones(response)], "total_lengths": [total],
-                "response_lengths": [response], "sample_indices": [3]}
-        samples += _samples_from_sidecar(data, f"r{rank}", problems, slices=slices)
-    assert all(isinstance(s, _CpSlice) for s in slices)
-    (merged,) = _merge_cp(samples, slices, problems)
-    assert merged.train.tolist() == full.tolist() and merged.mask.sum() == response
-    assert merged.sample == 3 and not problems
-    assert _merge_cp(samples[:1], slices[:1], problems) == []
-    assert "CP slices from ranks [0] of 2" in problems[0]
+                "response_lengths": [response]}
+        shards += read_sidecar(data, f"r{rank}")[1]
+    merged = merge(shards)
+    (sample,) = merged.samples
+    assert sample.train.tolist() == full.tolist() and sample.mask.sum() == response
+    assert not merged.problems
+    half = merge(shards[:1])
+    assert int(half.samples[0].mask.sum()) == shards[0].train.size  # present shard counts
+    assert half.problems == ["call 0, sample 0 (DP rank 0): missing CP shard(s) from cp "
+                             "rank(s) [1] (got [0] of 0..1)"]
 
 
 def test_tp_shards_and_zigzag_split() -> None:

@@ -111,20 +111,30 @@ def test_case_env_redacts_secrets(tmp_path: Path) -> None:
     assert "export RL_KERNEL_MODE=strict" in text and "export HF_TOKEN='<redacted>'" in text
 
 
-def test_sidecar_tp_duplicates_count_once_and_cp_masks_are_sliced() -> None:
+def test_sidecar_tp_replicas_are_read_and_cp_masks_are_sliced_at_logit_positions() -> None:
     import torch
 
-    from pytest_rlkernel_matrix.judge.evidence import _samples_from_sidecar
+    from pytest_rlkernel_matrix.judge.sidecars import SIDECAR_SCHEMA, merge, read_sidecar
 
-    lp = [torch.tensor([-1.0, -2.0, -3.0, -4.0])]
-    full_mask = [torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])]  # 8 response tokens
-    base = {"train_log_probs": lp, "rollout_log_probs": lp, "tensor_parallel_size": 2,
-            "context_parallel_size": 2, "total_lengths": [8], "response_lengths": [8]}
-    problems: list[str] = []
-    assert _samples_from_sidecar({**base, "rank": 1, "loss_masks": full_mask}, "r1", problems) == []
-    # rank 2 = TP rank 0 of CP rank 1: zigzag chunks 1 and 2 of 4 -> positions 2..5
-    (sample,) = _samples_from_sidecar({**base, "rank": 2, "loss_masks": full_mask}, "r2", problems)
-    assert sample.mask.tolist() == [1.0, 1.0, 1.0, 1.0] and not problems
-    # rank 0 = CP rank 0: chunks 0 and 3 -> positions 0, 1, 6, 7
-    (sample,) = _samples_from_sidecar({**base, "rank": 0, "loss_masks": full_mask}, "r0", problems)
-    assert sample.mask.tolist() == [0.0, 1.0, 1.0, 0.0]
+    # total 10, response 8: prompt 2, logit positions [1, 9), chunks of 3 positions
+    full_mask = [torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])]
+    base = {"schema_version": SIDECAR_SCHEMA, "call_index": 0, "tensor_parallel_size": 2,
+            "context_parallel_size": 2, "total_lengths": [10], "response_lengths": [8],
+            "loss_masks": full_mask}
+    # rank 2 = TP rank 0 of CP rank 1: logit chunks [3, 6) and [6, 9) -> offsets 2..7
+    lp = [torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0, -6.0])]
+    _, (sh,) = read_sidecar({**base, "rank": 2, "train_log_probs": lp,
+                             "rollout_log_probs": lp}, "r2")
+    assert sh.offsets.tolist() == [2, 3, 4, 5, 6, 7]
+    assert sh.mask.tolist() == [True, True, True, True, True, False]
+    # rank 0 = CP rank 0: logit chunk [1, 3) (chunk 3 is past total - 1) -> offsets 0, 1
+    lp0 = [torch.tensor([-7.0, -8.0])]
+    _, (s0,) = read_sidecar({**base, "rank": 0, "train_log_probs": lp0,
+                             "rollout_log_probs": lp0}, "r0")
+    assert s0.offsets.tolist() == [0, 1] and s0.mask.tolist() == [False, True]
+    # rank 1: TP replica of rank 0, read and compared; an identical one adds nothing
+    _, (s1,) = read_sidecar({**base, "rank": 1, "train_log_probs": lp0,
+                             "rollout_log_probs": lp0}, "r1")
+    merged = merge([s0, s1, sh])
+    assert not merged.problems and int(merged.samples[0].mask.sum()) == 6
+    assert merged.samples[0].train.tolist() == [-7.0, -8.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0]

@@ -22,6 +22,13 @@ import numpy as np
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
 from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
 from pytest_rlkernel_matrix.judge.ptfile import Unsupported, load_plain
+from pytest_rlkernel_matrix.judge.sidecars import (
+    Shard,
+    SidecarError,
+    SidecarRefused,
+    merge,
+    read_sidecar,
+)
 from pytest_rlkernel_matrix.store.safeio import (
     MAX_JSON_BYTES,
     MAX_PT_BYTES,
@@ -259,130 +266,6 @@ def _seq(value: Any, what: str) -> list[Any]:
     return list(value)
 
 
-def _zigzag_keep(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
-    """Which response tokens a CP rank holds under zigzag splitting (chunks r and 2cp-1-r of
-    ceil(total / 2cp) tokens)."""
-    chunk = -(-total // (2 * cp))
-    keep = np.zeros(total, dtype=bool)
-    for c in (cp_rank, 2 * cp - 1 - cp_rank):
-        keep[c * chunk:(c + 1) * chunk] = True
-    return keep[total - response:total]
-
-
-def _zigzag_slice(mask: np.ndarray, total: int, response: int, cp: int, cp_rank: int,
-                  ) -> np.ndarray | None:
-    """The part of a full response mask this CP rank holds under zigzag splitting."""
-    if not 0 <= response <= total:
-        return None
-    local = _zigzag_keep(total, response, cp, cp_rank)
-    if local.size != mask.size:
-        return None
-    return mask[local]
-
-
-@dataclass
-class _CpSlice:
-    """Where a CP rank's slice of one sample sits in the whole response."""
-
-    group: tuple[int, int]  # (data-parallel rank, sample index): one sample
-    cp: int
-    cp_rank: int
-    keep: np.ndarray  # bool over the full response
-
-
-def _merge_cp(samples: list[Sample], slices: list[_CpSlice | None], problems: list[str],
-              ) -> list[Sample]:
-    """One sample per (DP rank, sample index): CP slices scattered back into the response, so
-    a token is counted once; a slice missing from a sample is a problem, not a silent drop."""
-    out: list[Sample] = []
-    groups: dict[tuple[int, int], list[tuple[Sample, _CpSlice]]] = {}
-    for s, sl in zip(samples, slices, strict=True):
-        if sl is None:
-            out.append(s)
-        else:
-            groups.setdefault(sl.group, []).append((s, sl))
-    for (dp, index), parts in sorted(groups.items()):
-        cp = parts[0][1].cp
-        got = sorted(sl.cp_rank for _, sl in parts)
-        if got != list(range(cp)):
-            problems.append(f"sample {index} (DP rank {dp}): CP slices from ranks {got} of "
-                            f"{cp}: the sidecars do not cover the response once")
-            continue
-        n = parts[0][1].keep.size
-        train = np.zeros(n, dtype=parts[0][0].train.dtype)
-        roll = np.zeros(n, dtype=parts[0][0].rollout.dtype)
-        mask = np.zeros(n, dtype=parts[0][0].mask.dtype)
-        for s, sl in parts:
-            train[sl.keep], roll[sl.keep], mask[sl.keep] = s.train, s.rollout, s.mask
-        first = min(parts, key=lambda p: p[0].rank)[0]
-        out.append(Sample(train=train, rollout=roll, mask=mask, rank=first.rank,
-                          tokens=first.tokens, sample=index))
-    return out
-
-
-def _samples_from_sidecar(data: dict[str, Any], name: str, problems: list[str],
-                          info: dict[str, Any] | None = None,
-                          slices: list[_CpSlice | None] | None = None) -> list[Sample]:
-    """Samples of one sidecar; malformed fields raise ValueError (the caller reports it).
-    With `slices`, one entry per returned sample: where a CP rank's zigzag slice sits in the
-    whole response (None when the sample is not a CP slice)."""
-    train = _seq(data.get("train_log_probs"), "train_log_probs")
-    roll = _seq(data.get("rollout_log_probs"), "rollout_log_probs")
-    if data.get("train_log_probs") is None or data.get("rollout_log_probs") is None:
-        problems.append(f"{name}: no train_log_probs/rollout_log_probs")
-        return []
-    masks = data.get("loss_masks")
-    masks = None if masks is None else _seq(masks, "loss_masks")
-    rank = _int(data.get("rank"), "rank", default=0)
-    tp = _int(data.get("tensor_parallel_size"), "tensor_parallel_size", default=1, minimum=1)
-    cp = _int(data.get("context_parallel_size"), "context_parallel_size", default=1, minimum=1)
-    totals = [_int(v, "total_lengths[]") for v in _seq(data.get("total_lengths"),
-                                                        "total_lengths")]
-    responses = [_int(v, "response_lengths[]") for v in _seq(data.get("response_lengths"),
-                                                             "response_lengths")]
-    if info is not None:
-        info.update(rank=rank, tp=tp, cp=cp, samples=len(train))
-    if tp > 1 and rank % tp != 0:
-        return []  # duplicated across TP replicas: counted once, on TP rank 0
-    cp_rank = (rank // tp) % cp
-    tokens = data.get("tokens")
-    indices = _seq(data.get("sample_indices"), "sample_indices")
-    out: list[Sample] = []
-    if len(train) != len(roll):
-        problems.append(f"{name}: {len(train)} train samples vs {len(roll)} rollout samples")
-        return []
-    for i, (t, r) in enumerate(zip(train, roll, strict=True)):
-        ta, ra = _np(t, f"train_log_probs[{i}]"), _np(r, f"rollout_log_probs[{i}]")
-        ma = _np(masks[i], f"loss_masks[{i}]") if masks is not None and i < len(masks) else None
-        if ma is None:
-            problems.append(f"{name}: sample {i} has no loss mask")
-            continue
-        keep = None
-        if (cp > 1 and i < len(totals) and i < len(responses)
-                and 0 <= responses[i] <= totals[i]):
-            keep = _zigzag_keep(totals[i], responses[i], cp, cp_rank)
-            if keep.size != ma.size:
-                keep = None
-            elif ma.size != ta.size:
-                ma = ma[keep]
-        if not (ta.size == ra.size == ma.size):
-            problems.append(
-                f"{name}: sample {i} lengths differ (train {ta.size}, rollout {ra.size}, "
-                f"mask {ma.size})"
-            )
-            continue
-        tok = (_np(tokens[i], f"tokens[{i}]")
-               if isinstance(tokens, list) and i < len(tokens) else None)
-        index = indices[i] if i < len(indices) else None
-        out.append(Sample(train=ta, rollout=ra, mask=ma, rank=rank, tokens=tok,
-                          sample=index if isinstance(index, int) and not isinstance(index, bool)
-                          else len(out)))
-        if slices is not None:
-            slices.append(None if keep is None or keep.sum() != ta.size else _CpSlice(
-                (rank // (tp * cp), out[-1].sample), cp, cp_rank, keep))
-    return out
-
-
 def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any], str] | None:
     """(dict, sha256 of the bytes) of one `.pt` file, or None with a problem recorded."""
     try:
@@ -417,39 +300,37 @@ def read_pt(raw: bytes, torch: Any) -> Any:
 
 def _renumber(samples: Iterable[Sample]) -> list[Sample]:
     out = list(samples)
-    if len({(s.rank, s.sample) for s in out}) != len(out):
+    if len({(s.call, s.rank, s.sample) for s in out}) != len(out):
         for i, s in enumerate(out):
             s.sample = i
     return out
 
 
-def _read_sidecar(ev: Evidence, path: Path, samples: list[Sample],
-                  slices: list[_CpSlice | None]) -> None:
+def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard]) -> None:
     loaded = _load_pt(path, ev.root, ev.problems)
     if loaded is None:
         return
     data, digest = loaded
     rel = f"{path.parent.name}/{path.name}"
-    info: dict[str, Any] = {"file": rel, "sha256": digest}
-    m = _SIDECAR_NAME_RE.match(path.name)
-    info["name_rank"] = int(m.group(1)) if m else None
-    found_slices: list[_CpSlice | None] = []
     try:
-        found = _samples_from_sidecar(data, path.name, ev.sample_problems, info, found_slices)
+        info, found = read_sidecar(data, rel)
     except (ValueError, TypeError, IndexError, RecursionError, OverflowError, MemoryError,
             RuntimeError) as exc:
-        ev.problems.append(f"sidecar {rel}: malformed: {type(exc).__name__}: {str(exc)[:200]}")
+        what = "refused" if isinstance(exc, SidecarRefused) else "malformed"
+        kind = "" if isinstance(exc, SidecarError) else f"{type(exc).__name__}: "
+        ev.problems.append(f"sidecar {rel}: {what}: {kind}{str(exc)[:200]}")
         return
     ev.sidecar_files.append(rel)
-    _add_unique(ev.sidecar_schema, _str_or_none(data.get("schema")))
+    _add_unique(ev.sidecar_schema, info.schema)
     if data.get("run_id") is not None:
         ev.run_ids[rel] = str(data.get("run_id"))
-    ev.rank_files.append(info)
-    if "rank" in info:
-        ev.samples_per_rank[info["rank"]] = ev.samples_per_rank.get(info["rank"], 0) + int(
-            info.get("samples", 0))
-    samples.extend(found)
-    slices.extend(found_slices)
+    m = _SIDECAR_NAME_RE.match(path.name)
+    ev.rank_files.append({"file": rel, "sha256": digest, "rank": info.rank, "tp": info.tp,
+                          "cp": info.cp, "call": info.call, "samples": info.samples,
+                          "name_rank": int(m.group(1)) if m else None,
+                          "name_call": int(m.group(2)) if m else None})
+    ev.samples_per_rank[info.rank] = ev.samples_per_rank.get(info.rank, 0) + info.samples
+    shards.extend(found)
 
 
 def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
@@ -496,17 +377,15 @@ def _read_logprobs(ev: Evidence) -> None:
         files.extend(listing(ev.root / sub, "*.pt", ev.root, ev.problems))
     samples: list[Sample] = []
     ranks: set[int] = set()
+    parts: list[tuple[np.ndarray, np.ndarray]] | None = None
     if files:
         ev.logprob_source = "mismatch-sidecars"
-        slices: list[_CpSlice | None] = []
+        shards: list[Shard] = []
         for path in files:
-            _read_sidecar(ev, path, samples, slices)
-        if any(sl is not None for sl in slices):
-            try:
-                samples = _merge_cp(samples, slices, ev.sample_problems)
-            except (ValueError, TypeError, IndexError) as exc:
-                ev.problems.append(f"CP slices: cannot merge: {type(exc).__name__}: "
-                                   f"{str(exc)[:200]}")
+            _read_sidecar(ev, path, shards)
+        merged = merge(shards)
+        samples, parts = merged.samples, merged.parts
+        ev.sample_problems.extend(merged.problems)
     else:
         dumps = listing(ev.root / "train-data", "*.pt", ev.root, ev.problems)
         if dumps:
@@ -516,7 +395,7 @@ def _read_logprobs(ev: Evidence) -> None:
     if ev.logprob_source is not None:
         try:
             ev.samples = _renumber(samples)
-            ev.metrics = compute(ev.samples)
+            ev.metrics = compute(ev.samples, parts)
         except (ValueError, TypeError, MemoryError) as exc:
             ev.problems.append(f"logprob metrics: {type(exc).__name__}: {str(exc)[:200]}")
         if ev.metrics is not None:  # ranks whose sidecars were read (TP replicas included)

@@ -1,13 +1,20 @@
-"""Active-token logprob drift metrics, vectorised with numpy.
+"""Active-token logprob drift metrics, vectorised with numpy, in RL-Kernel's conventions.
 
-`d = rollout - train` per active token (loss mask = 1). `mismatch_count` uses `!=` (so -0.0 equals
-+0.0, and NaN never equals anything); `bitwise_mismatch_count` compares the raw bytes.
-`mismatch_kl` is mean(-d) and `mismatch_k3_kl` is mean(e^d - d - 1), as RL-Kernel reports them.
+Per active token (loss mask = 1): `delta = train - rollout`, in float64 (RL-Kernel's
+`compare_train_rollout_logps`). `mismatch_count` uses `!=` (so -0.0 equals +0.0, and NaN never
+equals anything); `bitwise_mismatch_count` compares the raw bytes (+0.0 vs -0.0 and NaN payloads
+count). The figures are pooled over every active token of every sample/shard (token-weighted),
+summed part by part in RL-Kernel's order (one float64 sum per part, accumulated in a Python float,
+divided by the token count):
+
+- `mismatch_kl` = mean(rollout - train) = mean(-delta) (k1; its sign carries no meaning),
+- `mismatch_k3_kl` = mean(exp(delta) - delta - 1) (k3, >= 0),
+- `train_rollout_logprob_abs_diff` = mean |delta| (also `logprob_abs_diff_mean`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -27,6 +34,7 @@ class Sample:
     sample: int
     rank: int = 0
     tokens: np.ndarray | None = None
+    call: int = 0
 
 
 @dataclass
@@ -46,6 +54,7 @@ class DriftMetrics:
     mismatch_fraction: float | None = None
     mismatch_kl: float | None = None
     mismatch_k3_kl: float | None = None
+    train_rollout_logprob_abs_diff: float | None = None
     nonfinite_count: int = 0
     worst_tokens: list[dict[str, object]] = field(default_factory=list)
     first_mismatch: list[dict[str, int]] = field(default_factory=list)
@@ -61,8 +70,52 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}.get(width, np.uint8))
 
 
-def compute(samples: Sequence[Sample]) -> DriftMetrics:
-    """Metrics over the active tokens of all samples."""
+FIGURE_CONVENTION = ("RL-Kernel: delta = train - rollout (float64); mismatch_kl = "
+                     "mean(rollout - train); mismatch_k3_kl = mean(exp(delta) - delta - 1); "
+                     "train_rollout_logprob_abs_diff = mean |delta|; pooled over active tokens")
+
+
+def pooled_figures(parts: Iterable[tuple[np.ndarray, np.ndarray]],
+                   ) -> tuple[int, float, float, float] | None:
+    """(tokens, mean |delta|, mismatch_kl, k3) over `parts` of active (train, rollout) values,
+    accumulated as RL-Kernel does: per part a float64 sum, added to a Python float, in the order
+    given. None without tokens or when any value is non-finite."""
+    n, s_abs, s_kl, s_k3 = 0, 0.0, 0.0, 0.0
+    for train, roll in parts:
+        if train.size == 0:
+            continue
+        delta = train.astype(np.float64) - roll.astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            k3 = np.exp(delta) - delta - 1.0
+        if not (np.isfinite(delta).all() and np.isfinite(k3).all()):
+            return None
+        n += int(delta.size)
+        s_abs += float(np.abs(delta).sum())
+        s_kl += float((-delta).sum())
+        s_k3 += float(k3.sum())
+    if n == 0:
+        return None
+    return n, s_abs / n, s_kl / n, s_k3 / n
+
+
+def bitwise_reason(m: DriftMetrics) -> str | None:
+    """Why a bitwise contract fails on `m`, naming which count failed (value `!=` or bytes),
+    or None when both are zero."""
+    n, v, b = m.active_token_count, m.mismatch_count, m.bitwise_mismatch_count
+    if not (v or b):
+        return None
+    top = f"max |dlogp| {m.logprob_abs_diff_max or 0:.3g}"
+    if v == 0:
+        return (f"{b} of {n} active tokens differ in bytes (0 by value: +0.0/-0.0"
+                f"{'' if b == 1 else ' pairs'} or a dtype change; {top})")
+    return f"{v} of {n} active tokens differ by value, {b} in bytes ({top})"
+
+
+def compute(samples: Sequence[Sample],
+            parts: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> DriftMetrics:
+    """Metrics over the active tokens of all samples. `parts`: the active (train, rollout)
+    values in the order RL-Kernel sums them (its shards), for the pooled figures; default: per
+    sample, in the order given."""
     out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
     if not samples:
         return out
@@ -80,21 +133,22 @@ def compute(samples: Sequence[Sample]) -> DriftMetrics:
         out.bitwise_mismatch_count = int(np.count_nonzero(_bits(train) != _bits(roll)))
     else:
         out.bitwise_mismatch_count = n
-    d = roll.astype(np.float64) - train.astype(np.float64)
+    d = train.astype(np.float64) - roll.astype(np.float64)  # delta, RL-Kernel's sign
     finite = np.isfinite(d)
     out.nonfinite_count = int(n - np.count_nonzero(finite))
     ad = np.abs(d[finite])
     out.mismatch_fraction = out.mismatch_count / n
     if ad.size:
-        df = d[finite]
-        out.logprob_abs_diff_mean = float(ad.mean())
         out.logprob_abs_diff_max = float(ad.max())
         p50, p90, p99 = np.percentile(ad, PERCENTILES)
         out.logprob_abs_diff_p50, out.logprob_abs_diff_p90 = float(p50), float(p90)
         out.logprob_abs_diff_p99 = float(p99)
-        out.mismatch_kl = float(np.mean(-df))
-        with np.errstate(over="ignore"):
-            out.mismatch_k3_kl = float(np.mean(np.expm1(df) - df))
+        if parts is None:
+            parts = [(s.train[m], s.rollout[m]) for s, m in zip(samples, active, strict=True)]
+        figures = pooled_figures(parts) if out.nonfinite_count == 0 else None
+        if figures is not None:
+            _, mean_abs, out.mismatch_kl, out.mismatch_k3_kl = figures
+            out.logprob_abs_diff_mean = out.train_rollout_logprob_abs_diff = mean_abs
         if ad.max() > 0:
             counts, edges = np.histogram(np.log10(ad[ad > 0]), bins=20)
             out.histogram = {"log10_abs_diff_edges": edges.tolist(),
@@ -125,7 +179,7 @@ def _worst(
         s = samples[i]
         pos = int(positions[i][flat - offsets[i]])
         entry: dict[str, object] = {
-            "sample": s.sample, "rank": s.rank, "position": pos,
+            "sample": s.sample, "call": s.call, "rank": s.rank, "position": pos,
             "train_logprob": float(s.train[pos]), "rollout_logprob": float(s.rollout[pos]),
             "abs_diff": float(score[flat]),
         }

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route, side_of
+from pytest_rlkernel_matrix.judge.metrics import bitwise_reason
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -318,6 +319,9 @@ def _judge_ranks(ev: Evidence, sem: Judgement) -> None:
         elif info["name_rank"] != info["rank"]:
             sem.fail(f"rank file {info['file']}: rank field {info['rank']} != rank "
                      f"{info['name_rank']} in the file name")
+        if info.get("name_call") not in (None, info.get("call")):
+            sem.fail(f"rank file {info['file']}: call_index {info.get('call')} != call "
+                     f"{info['name_call']} in the file name")
     for files in by_digest.values():
         if len(files) > 1:
             sem.fail(f"byte-identical rank files {', '.join(sorted(files))}: one rank's evidence "
@@ -492,8 +496,8 @@ def _judge_numeric(ev: Evidence, mode: str, cell: Cell | None = None,
         errors.append(f"NaN/inf in {m.nonfinite_count} of {m.active_token_count} active logprobs")
         num.valid = None if num.valid is not False else False
         return num, contract, errors
-    if contract["kind"] == "bitwise" and m.mismatch_count:
-        num.fail(f"bitwise contract violated: {_drift(m)}")
+    if contract["kind"] == "bitwise" and (why := bitwise_reason(m)):
+        num.fail(f"bitwise contract violated: {why}")
     elif contract["kind"] == "tolerance" and (
         m.logprob_abs_diff_max is None or not math.isfinite(m.logprob_abs_diff_max)
         or m.logprob_abs_diff_max > contract["max_abs_diff"]

@@ -130,6 +130,9 @@ def _matrix_cell(c: Mapping[str, Any], anchor: str) -> View:
         tags.append(("shared", "shares its run with other cells"))
     active = c.get("active_token_count")
     mism = "-" if active is None else f"{_fmt(c.get('mismatch_count'))}/{_fmt(active)}"
+    bits = c.get("bitwise_mismatch_count")
+    if active is not None and bits is not None and bits != c.get("mismatch_count"):
+        mism += f" ({_fmt(bits)} in bytes)"
     not_judged = [(name, result) for name, result, _ in _not_judged(c)]
     return {"anchor": anchor, "verdict": "" if verdict is None else str(verdict),
             "word": str(verdict or "none"), "vcls": _verdict_class(verdict),
@@ -299,9 +302,10 @@ def _kl_rows(c: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The mismatch KL figures, each named by its estimator (only k3 is never negative)."""
     rows: list[tuple[str, Any]] = []
     if c.get("mismatch_k3_kl") is not None:
-        rows.append(("mismatch KL, k3 = mean(e^d - d - 1) >= 0", _fmt_d(c.get("mismatch_k3_kl"))))
+        rows.append(("mismatch KL, k3 = mean(exp(delta) - delta - 1) >= 0, delta = train - "
+                     "rollout", _fmt_d(c.get("mismatch_k3_kl"))))
     if c.get("mismatch_kl") is not None:
-        label = c.get("mismatch_kl_estimator") or "k1 = mean(-d), sign not meaningful"
+        label = c.get("mismatch_kl_estimator") or "k1 = mean(rollout - train), sign not meaningful"
         rows.append((f"mismatch KL, {label}", _fmt_d(c.get("mismatch_kl"))))
     return rows
 

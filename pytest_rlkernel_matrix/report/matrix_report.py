@@ -96,6 +96,12 @@ def _fmt_d(value: Any) -> str:
     return "-" if value is None else (f"{float(value):.2e}" if value else "0")
 
 
+def _bytes_note(r: Mapping[str, Any]) -> str:
+    """` (bytes N)` when the byte count differs from the value count (+0.0/-0.0, NaN payloads)."""
+    b = r.get("bitwise_mismatch_count")
+    return f" (bytes {b})" if b is not None and b != r.get("mismatch_count", 0) else ""
+
+
 def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The request's report template as a terminal table."""
     head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
@@ -109,7 +115,8 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
             "yes" if r.get("fallbacks") else "no",
             _fmt_d(r.get("logprob_abs_diff_max")),
             "-" if r.get("active_token_count") is None else
-            f"{r.get('mismatch_count', 0)}/{r.get('active_token_count')}",
+            f"{r.get('mismatch_count', 0)}/{r.get('active_token_count')}"
+            + _bytes_note(r),
             _fmt_s(r.get("rollout_wall_time")), _fmt_s(r.get("training_wall_time")),
             _fmt_s(r.get("weight_sync_wall_time")), _fmt_s(r.get("step_wall_time")),
             str(r["verdict"]),

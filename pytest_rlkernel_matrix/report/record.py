@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, read_evidence
+from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
 from pytest_rlkernel_matrix.judge.verdict import Decision, Policy, contract_id, decide
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -31,12 +32,13 @@ from pytest_rlkernel_matrix.store.redact import Scrubber
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2  # 2: sidecars read as RL-Kernel reads them (issue 20)
+MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
     "logprob_abs_diff_p50", "logprob_abs_diff_p90", "logprob_abs_diff_p99", "mismatch_count",
     "bitwise_mismatch_count", "mismatch_fraction", "mismatch_kl", "mismatch_k3_kl",
-    "sample_count", "rank_count", "nonfinite_count",
+    "train_rollout_logprob_abs_diff", "sample_count", "rank_count", "nonfinite_count",
 )
 
 
@@ -281,6 +283,9 @@ def build_record(
         "cpu_share": meta.get("cpu_share"),
         "window": meta.get("window"),
         **{k: metrics.get(k) for k in METRIC_FIELDS},
+        "mismatch_kl_estimator": MISMATCH_KL_LABEL if metrics.get("mismatch_kl") is not None
+        else None,
+        "figure_convention": FIGURE_CONVENTION if metrics else None,
         **phases,
         "phase_spread": spread,
         "logprob_source": ev.logprob_source,

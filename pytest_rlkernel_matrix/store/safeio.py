@@ -64,10 +64,22 @@ def open_regular(path: Path, root: Path, max_bytes: int) -> tuple[BinaryIO, int]
 
 
 def read_bytes(path: Path, root: Path, max_bytes: int) -> bytes:
-    """The whole (capped) content of a regular file under `root`."""
-    handle, _ = open_regular(path, root, max_bytes)
+    """The whole (capped) content of a regular file under `root`.
+
+    Allocates for the file's size (fstat), not for the cap: a 4 GiB cap must not reserve 4 GiB
+    per read where virtual memory is limited. One byte past the size is asked for, so a file
+    that grew while read is seen; growth past the cap is refused."""
+    handle, size = open_regular(path, root, max_bytes)
     with handle:
-        data = handle.read(max_bytes + 1)
+        data = handle.read(size + 1)
+        if len(data) > size:  # grew since fstat: read the rest in pieces, still capped
+            parts = [data]
+            total = len(data)
+            while total <= max_bytes and (more := handle.read(min(1 << 20,
+                                                                  max_bytes + 1 - total))):
+                parts.append(more)
+                total += len(more)
+            data = b"".join(parts)
     if len(data) > max_bytes:
         raise Refused(f"{_rel(path, root)}: grew past the {max_bytes}-byte cap while read")
     return data

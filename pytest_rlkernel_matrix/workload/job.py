@@ -12,7 +12,7 @@ TP x CP grid (Megatron: column/row-parallel projections, zigzag context parallel
 keys/values all-gathered for attention, vocab-parallel logp); rollout is vLLM-style TP over the
 same TP group and is replicated across CP ranks (rollout engines have no CP). Every rank writes
 its own readbacks and ``mismatch-sidecars/rank{rank:05d}.call00000000.pt``: TP replicas hold the
-same samples, CP ranks hold zigzag slices of each response (RL-Kernel's layout).
+same samples, CP ranks hold zigzag slices of each response at logit positions (RL-Kernel's layout).
 """
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ from .parallel import (
     launch,
     shutdown,
     zigzag_index,
-    zigzag_response_keep,
+    zigzag_response_offsets,
 )
 from .probe import PERTURB_FACTOR, ProbeRequest, operator_names, write_index
 
-SIDECAR_SCHEMA = "rlk-reference.mismatch_sidecar.v1"
+SIDECAR_SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"  # RL-Kernel's
 EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
 
 
@@ -662,32 +662,31 @@ def write_probes(probe: ProbeRequest, kernels: dict[str, SideKernels], ro: Rollo
 
 
 def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | None = None,
-                  ) -> None:
-    """Masked train/rollout logprobs of step 0 as ``rank{rank:05d}.call00000000.pt`` (atomic).
+                  call: int = 0) -> None:
+    """Masked train/rollout logprobs of one call as ``rank{rank:05d}.call{call:08d}.pt``, the
+    way RL-Kernel's ``_write_sidecar`` writes them (atomic: dot-tmp file, then rename).
 
-    TP replicas write the same samples; a CP rank writes, per sample, the response tokens whose
-    positions fall in its zigzag chunks (``parallel.zigzag_response_keep``) and the full loss mask,
-    which the reader slices the same way (RL-Kernel's layout)."""
+    Every rank writes (TP replicas hold the same samples); a CP rank writes, per sample, the
+    logprobs at the logit positions of its zigzag chunks (``parallel.zigzag_response_offsets``)
+    and the full loss mask, which the reader slices the same way."""
     grid = grid or Grid()
     train, roll = [x.float().contiguous() for x in train_lp], [
         x.float().contiguous() for x in ro.logprobs]
     if grid.cp > 1:
-        keeps = [zigzag_response_keep(int(t.numel()), int(x.numel()), grid.cp, grid.cp_rank)
-                 for t, x in zip(ro.tokens, ro.logprobs, strict=True)]
-        train = [x[k].contiguous() for x, k in zip(train, keeps, strict=True)]
-        roll = [x[k].contiguous() for x, k in zip(roll, keeps, strict=True)]
+        held = [zigzag_response_offsets(int(t.numel()), int(x.numel()), grid.cp, grid.cp_rank)
+                for t, x in zip(ro.tokens, ro.logprobs, strict=True)]
+        train = [x[k].contiguous() for x, k in zip(train, held, strict=True)]
+        roll = [x[k].contiguous() for x, k in zip(roll, held, strict=True)]
     data = {
-        "schema": SIDECAR_SCHEMA, "rank": grid.rank, "call_index": 0,
+        "schema_version": SIDECAR_SCHEMA, "rank": grid.rank, "call_index": call,
         "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
         "train_log_probs": train,
         "rollout_log_probs": roll,
         "loss_masks": [torch.ones(x.numel(), dtype=torch.float32) for x in ro.logprobs],
         "total_lengths": [int(t.numel()) for t in ro.tokens],
         "response_lengths": [int(x.numel()) for x in ro.logprobs],
-        "tokens": [t.cpu().contiguous() for t in ro.tokens],
-        "sample_indices": list(range(len(ro.tokens))),
     }
-    path = env.sidecar_dir / f"rank{grid.rank:05d}.call{0:08d}.pt"
+    path = env.sidecar_dir / f"rank{grid.rank:05d}.call{call:08d}.pt"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(data, tmp)
     os.replace(tmp, path)

@@ -154,15 +154,21 @@ def zigzag_index(length: int, cp: int, cp_rank: int, device: torch.device | None
     return torch.tensor(idx, dtype=torch.long, device=device)
 
 
-def zigzag_response_keep(total: int, response: int, cp: int, cp_rank: int) -> Tensor:
-    """Which response tokens a CP rank's sidecar holds (RL-Kernel's slicing of the loss mask):
-    token positions ``[total - response, total)`` that fall in chunks ``r`` and ``2cp-1-r`` of
-    ``ceil(total / 2cp)`` tokens each."""
+def zigzag_response_offsets(total: int, response: int, cp: int, cp_rank: int) -> Tensor:
+    """Response offsets a CP rank's sidecar holds, in stored order (RL-Kernel's slicing).
+
+    Offset ``j`` of a response is logit position ``prompt - 1 + j`` (the logit at ``t``
+    predicts token ``t + 1``); the rank holds the logit positions of its zigzag chunks ``r``
+    and ``2cp-1-r`` of ``ceil(total / 2cp)`` positions each, clipped to
+    ``[prompt - 1, total - 1)``, chunk ``r`` first."""
+    if cp == 1:
+        return torch.arange(response, dtype=torch.long)
+    base = total - response - 1
     chunk = -(-total // (2 * cp))
-    keep = torch.zeros(total, dtype=torch.bool)
+    held: list[int] = []
     for c in (cp_rank, 2 * cp - 1 - cp_rank):
-        keep[c * chunk:(c + 1) * chunk] = True
-    return keep[total - response:total]
+        held.extend(range(max(c * chunk, base) - base, min((c + 1) * chunk, total - 1) - base))
+    return torch.tensor(held, dtype=torch.long)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,245 @@
+"""Mismatch sidecars read the way RL-Kernel's own validator reads them (docs/artifact-format.md).
+
+One file per rank and call, `rank{rank:05d}.call{call:08d}.pt`: a dict with `schema_version`
+(`rlkernel.vime_rocm_attention_mismatch_sidecar.v1`; the older `schema` key is accepted and
+recorded as legacy), `rank`, `call_index`, `tensor_parallel_size`, `context_parallel_size` and
+per-sample lists `train_log_probs`, `rollout_log_probs`, `loss_masks`, `total_lengths`,
+`response_lengths`.
+
+Ranks follow Megatron's order (tp-cp-dp): `cp_rank = (rank // tp) % cp`, `dp_rank = rank //
+(tp * cp)`. TP ranks are replicas: every one is read and compared with the first copy (lowest
+file) sample by sample, bytes of train, rollout, sliced mask and both lengths; the first copy
+counts. CP ranks hold zigzag slices at logit positions: response offset `j` is logit position
+`prompt - 1 + j`; CP rank `r` holds the logit positions of chunks `r` and `2cp-1-r` of
+`ceil(total / 2cp)` positions, clipped to `[prompt - 1, total - 1)`, in that order. The full
+loss mask is stored and sliced here the same way. Shards are placed back at their offsets, so a
+token counts once and a missing shard leaves its positions inactive (and is a reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_rlkernel_matrix.judge.metrics import Sample
+
+SIDECAR_SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"
+LEGACY_SCHEMAS = (SIDECAR_SCHEMA, "rlk-reference.mismatch_sidecar.v1")
+LIST_FIELDS = ("train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths",
+               "response_lengths")
+
+
+class SidecarError(ValueError):
+    """A malformed sidecar, refused as a whole (the message names the key)."""
+
+
+class SidecarRefused(SidecarError):
+    """A sidecar of a schema this reader does not know (the message names the key)."""
+
+
+def response_offsets(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
+    """Response offsets `j` (logit position `total - response - 1 + j`) a CP rank holds, in the
+    order its sidecar stores them (RL-Kernel's `slice_response_mask_for_cp`)."""
+    if cp == 1:
+        return np.arange(response, dtype=np.int64)
+    base = total - response - 1
+    chunk = (total + 2 * cp - 1) // (2 * cp)
+    pieces = []
+    for c in (cp_rank, 2 * cp - cp_rank - 1):
+        lo, hi = max(c * chunk, base), min((c + 1) * chunk, total - 1)
+        if lo < hi:
+            pieces.append(np.arange(lo - base, hi - base, dtype=np.int64))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+def schema_of(data: Mapping[str, Any]) -> str:
+    """The sidecar's schema as recorded (`schema=... (legacy key)` for the old key), or
+    SidecarError naming the key."""
+    if "schema_version" in data:
+        value = data["schema_version"]
+        if value != SIDECAR_SCHEMA:
+            raise SidecarRefused(f"schema_version is {str(value)[:80]!r}, not "
+                                 f"{SIDECAR_SCHEMA!r}")
+        return str(value)
+    if "schema" in data:
+        value = data["schema"]
+        if value not in LEGACY_SCHEMAS:
+            raise SidecarRefused(f"schema (legacy key) is {str(value)[:80]!r}, not "
+                                 f"{SIDECAR_SCHEMA!r}")
+        return f"schema={value} (legacy key; RL-Kernel's validator wants schema_version)"
+    raise SidecarRefused(f"no schema_version key (expected {SIDECAR_SCHEMA!r})")
+
+
+def _count(value: Any, what: str, minimum: int) -> int:
+    if hasattr(value, "numel") and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SidecarError(f"{what} is {str(value)[:80]!r}, not an integer")
+    if value < minimum:
+        raise SidecarError(f"{what} is {value}, below {minimum}")
+    return value
+
+
+def _array(value: Any, what: str) -> np.ndarray:
+    """A 1-D tensor (or list) as numpy; bf16/fp16 widen to fp32 exactly."""
+    if hasattr(value, "detach"):
+        t = value.detach().cpu()
+        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
+            t = t.float()
+        arr = t.numpy()
+    elif isinstance(value, (list, tuple)):
+        arr = np.asarray(value, dtype=np.float64)
+    else:
+        raise SidecarError(f"{what} is {type(value).__name__}, not a tensor")
+    if arr.ndim != 1:
+        raise SidecarError(f"{what} is a {arr.ndim}-d tensor, expected 1-d")
+    if arr.dtype.kind not in "fiub":
+        raise SidecarError(f"{what} has dtype {arr.dtype}, expected a float tensor")
+    return arr
+
+
+@dataclass
+class Shard:
+    """One sample's slice held by one rank: active values already sliced to its positions."""
+
+    file: str
+    rank: int
+    call: int
+    dp: int
+    index: int
+    cp_rank: int
+    cp: int
+    total: int
+    response: int
+    train: np.ndarray
+    rollout: np.ndarray
+    mask: np.ndarray  # bool, sliced to this shard's positions
+    offsets: np.ndarray  # response offsets of the stored values
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.dp, self.call, self.index, self.cp_rank)
+
+    def same_as(self, other: Shard) -> list[str]:
+        """Fields in which this replica's bytes differ from `other`."""
+        out = [name for name, a, b in (("train_log_probs", self.train, other.train),
+                                       ("rollout_log_probs", self.rollout, other.rollout),
+                                       ("loss_masks", self.mask, other.mask))
+               if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes()]
+        out += [name for name, a, b in (("total_lengths", self.total, other.total),
+                                        ("response_lengths", self.response, other.response))
+                if a != b]
+        return out
+
+
+@dataclass
+class SidecarInfo:
+    rank: int = 0
+    call: int = 0
+    tp: int = 1
+    cp: int = 1
+    samples: int = 0
+    schema: str = ""
+
+
+def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
+    """The shards of one loaded sidecar; SidecarError (a ValueError) refuses the whole file."""
+    if not isinstance(data, Mapping):
+        raise SidecarError("not a mapping")
+    info = SidecarInfo(schema=schema_of(data))
+    lists = {k: data.get(k) for k in LIST_FIELDS}
+    missing = [k for k, v in lists.items() if not isinstance(v, (list, tuple))]
+    if missing:
+        shown = ", ".join(f"{k} is {type(lists[k]).__name__}, not a list" for k in missing)
+        raise SidecarError(f"lacks list fields: {shown}")
+    counts = {k: len(v) for k, v in lists.items()}  # type: ignore[arg-type]
+    if len(set(counts.values())) > 1:
+        raise SidecarError(f"sample lists have different lengths: {counts}")
+    info.rank = _count(data.get("rank"), "rank", 0)
+    info.call = _count(data.get("call_index"), "call_index", 0)
+    info.tp = _count(data.get("tensor_parallel_size"), "tensor_parallel_size", 1)
+    info.cp = _count(data.get("context_parallel_size"), "context_parallel_size", 1)
+    info.samples = counts["train_log_probs"]
+    cp_rank = (info.rank // info.tp) % info.cp
+    dp = info.rank // (info.tp * info.cp)
+    shards = []
+    for i in range(info.samples):
+        total = _count(lists["total_lengths"][i], f"total_lengths[{i}]", 1)  # type: ignore[index]
+        resp = _count(lists["response_lengths"][i], f"response_lengths[{i}]", 1)  # type: ignore[index]
+        if resp > total:
+            raise SidecarError(f"sample {i}: response_lengths {resp} > total_lengths {total}")
+        full = _array(lists["loss_masks"][i], f"loss_masks[{i}]")  # type: ignore[index]
+        if full.size != resp:
+            raise SidecarError(f"sample {i}: full loss mask holds {full.size} values, "
+                               f"response_lengths is {resp}")
+        offsets = response_offsets(total, resp, info.cp, cp_rank)
+        shards.append(Shard(
+            file=file, rank=info.rank, call=info.call, dp=dp, index=i, cp_rank=cp_rank, cp=info.cp,
+            total=total, response=resp,
+            train=_array(lists["train_log_probs"][i], f"train_log_probs[{i}]"),  # type: ignore[index]
+            rollout=_array(lists["rollout_log_probs"][i], f"rollout_log_probs[{i}]"),  # type: ignore[index]
+            mask=full.astype(bool)[offsets], offsets=offsets))
+    return info, shards
+
+
+@dataclass
+class Merged:
+    """Samples (one per DP rank, call, sample index) and the parts RL-Kernel's figures sum."""
+
+    samples: list[Sample] = field(default_factory=list)
+    parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def merge(shards: Sequence[Shard]) -> Merged:
+    """Replicas compared, CP shards placed at their offsets; never raises for bad data: each
+    inconsistency is a problem naming rank, call and sample."""
+    out = Merged()
+    first: dict[tuple[int, int, int, int], Shard] = {}
+    for sh in shards:  # file order: the lowest rank of a TP group is the copy that counts
+        prev = first.get(sh.key)
+        if prev is None:
+            first[sh.key] = sh
+            continue
+        differ = sh.same_as(prev)
+        if differ:
+            out.problems.append(
+                f"TP replica rank {sh.rank} disagrees with rank {prev.rank} on call {sh.call}, "
+                f"sample {sh.index} (DP rank {sh.dp}, CP rank {sh.cp_rank}): "
+                f"{', '.join(differ)} differ ({sh.file} vs {prev.file})")
+    groups: dict[tuple[int, int, int], list[Shard]] = {}
+    for sh in first.values():
+        if sh.train.size != sh.rollout.size or sh.train.size != sh.offsets.size:
+            out.problems.append(
+                f"call {sh.call}, sample {sh.index} (rank {sh.rank}): lengths differ (train "
+                f"{sh.train.size}, rollout {sh.rollout.size}, the CP slice of the mask "
+                f"{sh.offsets.size} for total {sh.total} / response {sh.response})")
+            continue
+        groups.setdefault((sh.dp, sh.call, sh.index), []).append(sh)
+        out.parts.append((sh.train[sh.mask], sh.rollout[sh.mask]))
+    for (dp, call, index), parts in sorted(groups.items()):
+        cp = max(p.cp for p in parts)
+        got = sorted({p.cp_rank for p in parts})
+        lost = [r for r in range(cp) if r not in got]
+        if lost:
+            out.problems.append(
+                f"call {call}, sample {index} (DP rank {dp}): missing CP shard(s) from cp "
+                f"rank(s) {lost} (got {got} of 0..{cp - 1})")
+        if len({(p.total, p.response) for p in parts}) > 1:
+            out.problems.append(f"call {call}, sample {index} (DP rank {dp}): CP shards "
+                                "disagree on total/response lengths")
+            continue
+        n = parts[0].response
+        dtype = np.result_type(*(p.train.dtype for p in parts))
+        rdtype = np.result_type(*(p.rollout.dtype for p in parts))
+        train, roll = np.zeros(n, dtype=dtype), np.zeros(n, dtype=rdtype)
+        mask = np.zeros(n, dtype=bool)
+        for p in parts:
+            train[p.offsets], roll[p.offsets], mask[p.offsets] = p.train, p.rollout, p.mask
+        out.samples.append(Sample(train=train, rollout=roll, mask=mask, rank=parts[0].rank,
+                                  sample=index, call=call))
+    return out
+
