@@ -281,7 +281,7 @@ def _zigzag_slice(mask: np.ndarray, total: int, response: int, cp: int, cp_rank:
 class _CpSlice:
     """Where a CP rank's slice of one sample sits in the whole response."""
 
-    group: tuple[int, int]  # (data-parallel rank, sample index): one sample
+    group: tuple[int, ...]  # ([call,] data-parallel rank, sample index): one sample
     cp: int
     cp_rank: int
     keep: np.ndarray  # bool over the full response
@@ -298,7 +298,8 @@ def _merge_cp(samples: list[Sample], slices: list[_CpSlice | None], problems: li
             out.append(s)
         else:
             groups.setdefault(sl.group, []).append((s, sl))
-    for (dp, index), parts in sorted(groups.items()):
+    for key, parts in sorted(groups.items()):
+        dp, index = key[-2:]  # (call, DP rank, sample): one sample of one step
         cp = parts[0][1].cp
         got = sorted(sl.cp_rank for _, sl in parts)
         if got != list(range(cp)):
@@ -428,6 +429,10 @@ def _read_sidecar(ev: Evidence, path: Path, samples: list[Sample],
             RuntimeError) as exc:
         ev.problems.append(f"sidecar {rel}: malformed: {type(exc).__name__}: {str(exc)[:200]}")
         return
+    if m and found_slices:  # one sidecar per rank per step: CP slices merge within a step
+        found_slices = [None if sl is None else _CpSlice((int(m.group(2)), *sl.group), sl.cp,
+                                                          sl.cp_rank, sl.keep)
+                        for sl in found_slices]
     ev.sidecar_files.append(rel)
     _add_unique(ev.sidecar_schema, _str_or_none(data.get("schema")))
     if data.get("run_id") is not None:
@@ -513,10 +518,19 @@ def _read_logprobs(ev: Evidence) -> None:
 
 
 def _read_weight_audit(ev: Evidence) -> None:
-    for path in listing(ev.root / "weight-audit", "*.json", ev.root, ev.problems):
+    paths = listing(ev.root / "weight-audit", "*.json", ev.root, ev.problems)
+    if (ev.root / "weight-audit" / "rollout").is_dir():
+        paths += listing(ev.root / "weight-audit" / "rollout", "*.json", ev.root, ev.problems)
+    for path in paths:
         data = _read_json(path, ev.root, ev.problems)
         if not isinstance(data, dict) or not isinstance(data.get("sha256"), str):
             ev.problems.append(f"weight-audit {path.name}: no sha256 string")
+            continue
+        if "version" in data and "scope" in data:  # upstream's per-version audit
+            side = "rollout" if path.parent.name == "rollout" else "training"
+            version = str(data["version"])
+            ev.weight_versions.setdefault(version, {})[side] = data["sha256"]
+            ev.weight_sides.setdefault(version, set()).add(side)
             continue
         version = str(data.get("weight_version", path.stem.split(".")[0]))
         fw, target = _str_or_none(data.get("framework")), _str_or_none(data.get("target"))

@@ -42,8 +42,10 @@ from pytest_rlkernel_matrix.workload.env import (
     resolve_route,
 )
 
+from . import rl
 from .graphs import DecodeRunner
 from .kernels import (
+    MODULES,
     R_BACKEND_IDS,
     R_CONTRACT_VERSION,
     SideKernels,
@@ -58,7 +60,6 @@ from .model import (
     init_weights,
     load_checkpoint,
     shard_weights,
-    weights_sha256,
 )
 from .parallel import (
     Grid,
@@ -233,36 +234,84 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
                    runner.fallback_reason if runner else "")
 
 
+@dataclass
+class Learn:
+    """What the training forward needs to also run the backward: per-sample advantages, the
+    step's active-token count and the kernels the loss forward runs with (the training side's
+    own, or the torch R path where the forward ran Triton, which has no backward)."""
+
+    advantages: list[float]
+    n_active: int
+    grad_kernels: SideKernels | None = None
+    loss: float = 0.0
+
+
 def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, temperature: float,
-                 order: list[int], grid: Grid | None = None) -> list[Tensor]:
+                 order: list[int], grid: Grid | None = None,
+                 learn: Learn | None = None) -> list[Tensor]:
     """Megatron-style recompute: padded micro-batches in ``order``, full-sequence forwards.
 
     Context parallel: each micro-batch is padded to a multiple of ``2*cp`` and split zigzag;
     attention all-gathers keys/values across the CP group, and the per-position logprobs are
-    all-gathered back (copies) so every rank can cut its RL-Kernel sidecar slice."""
-    dev = ro.tokens[0].device
+    all-gathered back (copies) so every rank can cut its RL-Kernel sidecar slice.
+
+    ``learn``: each micro-batch's GRPO loss (``rl.pg_loss``) is back-propagated right after its
+    forward (gradients accumulate in the weights' ``.grad``)."""
     grid = grid or Grid()
-    cp = grid.cp
     result: list[Tensor] = [torch.empty(0)] * len(ro.tokens)
     for s in range(0, len(order), micro_batch):
-        mb = order[s:s + micro_batch]
-        t = max(ro.tokens[i].numel() for i in mb)
-        t = -(-t // (2 * cp)) * (2 * cp) if cp > 1 else t
-        toks = torch.zeros(len(mb), t, dtype=torch.long, device=dev)
-        for r, i in enumerate(mb):
-            toks[r, :ro.tokens[i].numel()] = ro.tokens[i]
-        targets = torch.cat([toks[:, 1:], toks[:, :1] * 0], dim=1)
-        if cp > 1:
-            lp = _cp_selected_logprobs(model, k, toks, targets, temperature, grid)
+        if learn is None:
+            with torch.no_grad():
+                lp = _mb_logprobs(model, k, ro, order[s:s + micro_batch], temperature, grid)
         else:
-            pos = torch.arange(t, device=dev)[None].expand(len(mb), t)
-            h = model.hidden(k, toks, pos, None)
-            lp = model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets.reshape(-1),
-                                         temperature).reshape(len(mb), t)
-        for r, i in enumerate(mb):
+            lp = _mb_learn(model, k, ro, order[s:s + micro_batch], temperature, grid, learn)
+        for r, i in enumerate(order[s:s + micro_batch]):
             p, n = ro.prompt_lengths[i], ro.tokens[i].numel()
             result[i] = lp[r, p - 1:n - 1].float().cpu()
     return result
+
+
+def _mb_learn(model: Qwen3, k: SideKernels, ro: Rollout, mb: list[int], temperature: float,
+              grid: Grid, learn: Learn) -> Tensor:
+    """One micro-batch's forward with autograd, its loss and backward; the logprobs returned
+    are the training side's own forward (a separate no-grad forward when the loss runs on
+    other kernels)."""
+    gk = learn.grad_kernels or k
+    if gk is not k:
+        with torch.no_grad():
+            reported = _mb_logprobs(model, k, ro, mb, temperature, grid)
+    k.clear_cache(), gk.clear_cache()  # derived weights carry this micro-batch's graph
+    with torch.enable_grad():
+        lp = _mb_logprobs(model, gk, ro, mb, temperature, grid)
+        mask = torch.zeros_like(lp)
+        for r, i in enumerate(mb):
+            mask[r, ro.prompt_lengths[i] - 1:ro.tokens[i].numel() - 1] = 1.0
+        adv = torch.tensor([learn.advantages[i] for i in mb], dtype=torch.float32,
+                           device=lp.device)
+        loss = rl.pg_loss(lp.float(), mask, adv, learn.n_active)
+        loss.backward()
+    gk.clear_cache()
+    learn.loss += float(loss.detach())
+    return reported if gk is not k else lp.detach()
+
+
+def _mb_logprobs(model: Qwen3, k: SideKernels, ro: Rollout, mb: list[int], temperature: float,
+                 grid: Grid) -> Tensor:
+    """Selected-token logprobs ``[len(mb), T]`` of one padded micro-batch."""
+    dev = ro.tokens[0].device
+    cp = grid.cp
+    t = max(ro.tokens[i].numel() for i in mb)
+    t = -(-t // (2 * cp)) * (2 * cp) if cp > 1 else t
+    toks = torch.zeros(len(mb), t, dtype=torch.long, device=dev)
+    for r, i in enumerate(mb):
+        toks[r, :ro.tokens[i].numel()] = ro.tokens[i]
+    targets = torch.cat([toks[:, 1:], toks[:, :1] * 0], dim=1)
+    if cp > 1:
+        return _cp_selected_logprobs(model, k, toks, targets, temperature, grid)
+    pos = torch.arange(t, device=dev)[None].expand(len(mb), t)
+    h = model.hidden(k, toks, pos, None)
+    return model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets.reshape(-1),
+                                   temperature).reshape(len(mb), t)
 
 
 def _cp_selected_logprobs(model: Qwen3, k: SideKernels, toks: Tensor, targets: Tensor,
@@ -312,6 +361,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "RL_KERNEL_MATRIX_CP from the plugin, else 1)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="generate exactly the drawn number of tokens (vLLM's ignore_eos)")
+    ap.add_argument("--lr", type=float, default=1e-3,
+                    help="AdamW learning rate; 0 keeps the weights (one weight version) and "
+                    "still runs the backward")
     ap.add_argument("--steps", type=int, default=None,
                     help="steps to run (default: RL_KERNEL_MATRIX_WARMUP + "
                     "RL_KERNEL_MATRIX_REPEATS from the plugin, else 1)")
@@ -513,24 +565,47 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     order = torch.randperm(n_prompts, generator=gen).tolist()
     train_model = Qwen3(cfg, shard_weights(cfg, train_w, grid.tp, grid.tp_rank), max_seq)
 
+    learning = grid.world == 1  # multi-rank: forward only (no distributed backward here)
+    params = [train_w[n] for n in sorted(train_w)]
+    opt = None
+    if learning:
+        for p in params:
+            p.requires_grad_(True)
+        opt = rl.make_optimizer(params, args.lr) if args.lr > 0 else None
+    grad_kernels = kernels["training"]
+    if learning and any(kernels["training"].module(m).uses_triton for m in MODULES):
+        grad_kernels = SideKernels.build("training", impls["training"], dtype, tiling,
+                                         cfg.rms_norm_eps, "torch", tp=grid.tp_group)
+    manifest["learning"] = {
+        "backward": ("torch autograd through the training forward" if learning else
+                     "not run: the reference workload has no distributed backward (world > 1)"),
+        "backward_kernels": ("torch R path (Triton has no backward)"
+                             if grad_kernels is not kernels["training"] else "training side's own"),
+        "optimizer": (f"AdamW(lr={args.lr}, betas={rl.ADAM_BETAS}, eps={rl.ADAM_EPS}, "
+                      "weight_decay=0, foreach=False)" if opt else
+                      "none (lr = 0: weights kept)" if learning else "none"),
+        "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction"}
+    nonce = rl.run_nonce() if drill and drill.kind == "nondeterministic" else 0
+    version, audited = 0, -1
     for step in range(args.steps):
+        if drill and drill.kind == "drift_growth":
+            kernels[drill.side].module(drill.module).drift = step * rl.DRIFT_STEP
         sync(device)
         t0 = time.perf_counter()
-        rollout_w = {n: t.clone() for n, t in train_w.items()}  # the engine's own storage
+        rollout_w = {n: t.detach().clone() for n, t in train_w.items()}  # the engine's storage
         if drill and drill.kind == "corrupt_weight":
             w = rollout_w["model.layers.0.mlp.down_proj.weight"]
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
+        kernels["rollout"].clear_cache()
         sync(device)
         t_sync = time.perf_counter() - t0
-        if step == 0 and lead:
+        if version != audited and lead:
             for side, w in (("training", train_w), ("rollout", rollout_w)):
-                fw = kernels[side].framework
-                write_json(env.weight_audit_dir / f"v0.{fw}-{side}.json",
-                           {"weight_version": "v0", "framework": fw, "target": side,
-                            "sha256": weights_sha256(w)})
+                rl.write_audit(env.weight_audit_dir, w, str(version), side, write_json)
+        audited = version
         rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
                               max_seq)
-        samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2)
+        samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2 + step)
         t1 = time.perf_counter()
         with torch.inference_mode():
             ro = run_rollout(rollout_model, kernels["rollout"], prompts, max_new,
@@ -544,27 +619,36 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         sync(device)
         t_roll = time.perf_counter() - t1
         t2 = time.perf_counter()
-        with torch.inference_mode():
-            train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
-                                    args.temperature, order, grid)
+        resp = [x.numel() for x in ro.logprobs]
+        active = sum(resp)
+        rew = rl.rewards(ro.tokens, ro.prompt_lengths)
+        learn = Learn(rl.grpo_advantages(rew), active, grad_kernels) if learning else None
+        train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
+                                args.temperature, order, grid, learn)
+        if drill and drill.kind == "nondeterministic":
+            rl.perturb_gradients(train_w, drill.module, nonce)
+        if opt is not None:
+            opt.step()
+            version += 1
+        for p in params:
+            p.grad = None
+        kernels["training"].clear_cache()
         sync(device)
         t_train = time.perf_counter() - t2
         t_step = time.perf_counter() - t0
-        resp = [x.numel() for x in ro.logprobs]
-        active = sum(resp)
-        if step == 0:
-            write_sidecar(env, ro, train_lp, grid)
-            diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
-            n_mis = int(sum(int(torch.ne(a, b).sum())
-                            for a, b in zip(train_lp, ro.logprobs, strict=True)))
-            print(f"rollout {step}: " + repr({
-                "rollout/response_lengths": resp,
-                "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
-            print(f"step {step}: " + repr({
-                "train/train_rollout_logprob_abs_diff": float(diff.mean()),
-                "train/train_current_rollout_logprob_mismatch_count": n_mis,
-                "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
-                "train/train_current_rollout_logprob_numel": active}))
+        write_sidecar(env, ro, train_lp, grid, step)
+        diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
+        n_mis = int(sum(int(torch.ne(a, b).sum())
+                        for a, b in zip(train_lp, ro.logprobs, strict=True)))
+        print(f"rollout {step}: " + repr({
+            "rollout/response_lengths": resp, "rollout/raw_reward": sum(rew) / len(rew),
+            "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
+        print(f"step {step}: " + repr({
+            "train/train_rollout_logprob_abs_diff": float(diff.mean()),
+            "train/train_current_rollout_logprob_mismatch_count": n_mis,
+            "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
+            "train/train_current_rollout_logprob_numel": active,
+            **({"train/pg_loss": learn.loss} if learn else {})}))
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
         else:
@@ -591,8 +675,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
 
 
 def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | None = None,
-                  ) -> None:
-    """Masked train/rollout logprobs of step 0 as ``rank{rank:05d}.call00000000.pt`` (atomic).
+                  step: int = 0) -> None:
+    """Masked train/rollout logprobs of one step as ``rank{rank:05d}.call{step:08d}.pt``.
 
     TP replicas write the same samples; a CP rank writes, per sample, the response tokens whose
     positions fall in its zigzag chunks (``parallel.zigzag_response_keep``) and the full loss mask,
@@ -606,7 +690,7 @@ def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | No
         train = [x[k].contiguous() for x, k in zip(train, keeps, strict=True)]
         roll = [x[k].contiguous() for x, k in zip(roll, keeps, strict=True)]
     data = {
-        "schema": SIDECAR_SCHEMA, "rank": grid.rank, "call_index": 0,
+        "schema": SIDECAR_SCHEMA, "rank": grid.rank, "call_index": step,
         "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
         "train_log_probs": train,
         "rollout_log_probs": roll,
@@ -616,7 +700,7 @@ def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | No
         "tokens": [t.cpu().contiguous() for t in ro.tokens],
         "sample_indices": list(range(len(ro.tokens))),
     }
-    path = env.sidecar_dir / f"rank{grid.rank:05d}.call{0:08d}.pt"
+    path = env.sidecar_dir / f"rank{grid.rank:05d}.call{step:08d}.pt"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(data, tmp)
     os.replace(tmp, path)
