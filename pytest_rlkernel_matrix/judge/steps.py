@@ -236,3 +236,43 @@ def _first_sample(pa: Path, pb: Path, ra: Path, rb: Path) -> str:
         if len(xa) != len(xb):
             return str(min(len(xa), len(xb)))
     return "? (same logprobs, other bytes differ)"
+
+
+def judge_claims(root: Path, repeat_dir: str | None) -> tuple[dict[str, dict[str, str]],
+                                                               dict[str, Any]]:
+    """The three claims (``CLAIMS``) and the drift-over-steps data of one run directory;
+    ``repeat_dir``: the second run's directory name next to it (``run_to_run_bitwise``)."""
+    try:
+        st = read_steps(root)
+    except Exception as exc:  # a reader bug: every claim not judged, never a pass
+        why = f"steps: {type(exc).__name__}: {str(exc)[:200]}"
+        return {c: Claim(c, "not judged", why).as_dict() for c in CLAIMS}, {}
+    if repeat_dir:
+        again = root.parent / repeat_dir
+        r2r = (compare_runs(root, again) if again.is_dir() else
+               Claim("run_to_run_bitwise", "not judged", f"the second run {repeat_dir} is "
+                     "missing"))
+    else:
+        r2r = Claim("run_to_run_bitwise", "not judged", "one run (set [reproducibility] "
+                    "runs = 2 or --rlk-repeat-baseline)")
+    claims = {"train_rollout_bitwise": st.bitwise_claim(), "run_to_run_bitwise": r2r,
+              "weights_bitwise": st.weights_claim()}
+    return {k: v.as_dict() for k, v in claims.items()}, st.as_dict()
+
+
+def apply_declared(claims: dict[str, dict[str, str]], declared: tuple[str, ...], mode: str,
+                   verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
+    """An all-R cell's declared claims (``[matrix] baseline_claims``): in strict mode one that
+    fails makes a valid cell ``contract_mismatch``, one not judged ``incomparable``; otherwise
+    the claim is a reason (``also:`` on a valid cell)."""
+    for name in declared:
+        c = claims.get(name)
+        if c is None or c["status"] == "holds":
+            continue
+        why = f"declared baseline claim {c['text']}"
+        if mode == "strict" and verdict == "valid":
+            verdict = "contract_mismatch" if c["status"] == "fails" else "incomparable"
+            reasons = [why]
+        elif why not in reasons:
+            reasons = [*reasons, why if verdict != "valid" else f"also: {why}"]
+    return verdict, reasons

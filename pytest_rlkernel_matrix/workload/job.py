@@ -18,6 +18,7 @@ same samples, CP ranks hold zigzag slices of each response (RL-Kernel's layout).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -702,5 +703,7 @@ def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | No
     }
     path = env.sidecar_dir / f"rank{grid.rank:05d}.call{step:08d}.pt"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(data, tmp)
+    buf = io.BytesIO()  # not the temp file's name: torch.save names the archive after it
+    torch.save(data, buf)
+    tmp.write_bytes(buf.getvalue())
     os.replace(tmp, path)
