@@ -24,7 +24,7 @@ FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupp
                "nondeterministic", "drift_growth")
 # nondeterministic: run-dependent noise on the module's gradients (training side: a backward
 # whose atomics vary run to run; same within a run). drift_growth: the module's output on the
-# side scaled by 1 + step * 2**-9 (grows with the step index, none at step 0).
+# side scaled by 1 + step * 2**-6 (grows with the step index, none at step 0).
 
 
 RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size

@@ -30,7 +30,7 @@ from torch import Tensor
 GROUP = 4
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
-DRIFT_STEP = 2.0 ** -9  # drift_growth drill: relative output perturbation per step index
+DRIFT_STEP = 2.0 ** -6  # drift_growth drill: relative output perturbation per step index
 MODULE_PARAMS = {"attention": ("self_attn.", "input_layernorm."),
                  "ffn": ("mlp.", "post_attention_layernorm."),
                  "logp": ("lm_head.", "model.norm."), "comm": ()}

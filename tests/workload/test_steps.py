@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_rlkernel_matrix.judge.steps import compare_runs, read_steps, trend
-
 from test_job import run_cell
+
+from pytest_rlkernel_matrix.judge.steps import compare_runs, read_steps, trend
 
 STEPS = ["--num-prompts", "4", "--max-new-tokens", "10", "--micro-batch-size", "3"]
 
