@@ -235,21 +235,9 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
                    runner.fallback_reason if runner else "")
 
 
-@dataclass
-class Learn:
-    """What the training forward needs to also run the backward: per-sample advantages, the
-    step's active-token count and the kernels the loss forward runs with (the training side's
-    own, or the torch R path where the forward ran Triton, which has no backward)."""
-
-    advantages: list[float]
-    n_active: int
-    grad_kernels: SideKernels | None = None
-    loss: float = 0.0
-
-
 def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, temperature: float,
                  order: list[int], grid: Grid | None = None,
-                 learn: Learn | None = None) -> list[Tensor]:
+                 learn: rl.Learn | None = None) -> list[Tensor]:
     """Megatron-style recompute: padded micro-batches in ``order``, full-sequence forwards.
 
     Context parallel: each micro-batch is padded to a multiple of ``2*cp`` and split zigzag;
@@ -273,7 +261,7 @@ def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, te
 
 
 def _mb_learn(model: Qwen3, k: SideKernels, ro: Rollout, mb: list[int], temperature: float,
-              grid: Grid, learn: Learn) -> Tensor:
+              grid: Grid, learn: rl.Learn) -> Tensor:
     """One micro-batch's forward with autograd, its loss and backward; the logprobs returned
     are the training side's own forward (a separate no-grad forward when the loss runs on
     other kernels)."""
@@ -623,7 +611,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         resp = [x.numel() for x in ro.logprobs]
         active = sum(resp)
         rew = rl.rewards(ro.tokens, ro.prompt_lengths)
-        learn = Learn(rl.grpo_advantages(rew), active, grad_kernels) if learning else None
+        learn = rl.Learn(rl.grpo_advantages(rew), active, grad_kernels) if learning else None
         train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
                                 args.temperature, order, grid, learn)
         if drill and drill.kind == "nondeterministic":

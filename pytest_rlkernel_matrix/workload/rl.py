@@ -22,10 +22,27 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .kernels import SideKernels
+
+@dataclass
+class Learn:
+    """What the training forward needs to also run the backward: per-sample advantages, the
+    step's active-token count and the kernels the loss forward runs with (the training side's
+    own, or the torch R path where the forward ran Triton, which has no backward)."""
+
+    advantages: list[float]
+    n_active: int
+    grad_kernels: SideKernels | None = None
+    loss: float = 0.0
+
 
 GROUP = 4
 ADAM_BETAS = (0.9, 0.999)
