@@ -61,6 +61,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rlk-matrix-root", metavar="DIR", default=None,
                     help="output directory (default: $MATRIX_ROOT or "
                     "outputs/rlkernel/ablation-matrix-$MATRIX_STAMP next to the matrix file)")
+    group.addoption("--rlk-repeat-baseline", action="store_true", default=False,
+                    help="run the all-R baseline twice (same seed, separate processes) and "
+                    "judge the run_to_run_bitwise claim ([reproducibility] runs = 2)")
     group.addoption("--rlk-plan", action="store_true", default=False,
                     help="print each cell's env and command; run nothing")
     group.addoption("--rlk-probe", action="store_true", default=False,
@@ -206,6 +209,9 @@ def pytest_configure(config: pytest.Config) -> None:
         matrix = load_matrix(path)
     except MatrixFileError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config.getoption("rlk_repeat_baseline"):
+        matrix = matrix.model_copy(update={
+            "reproducibility": matrix.reproducibility.model_copy(update={"runs": 2})})
     plan = bool(config.getoption("rlk_plan"))
     # --collect-only and --rlk-plan run nothing, so they write nothing either.
     dry = plan or bool(config.getoption("collectonly"))

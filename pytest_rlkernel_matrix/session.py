@@ -424,6 +424,29 @@ class MatrixSession:
                                   blockers, outcome, cpu_share=retry.cpu_share)
         if outcome.result.interrupted:
             raise KeyboardInterrupt
+        if self.matrix.reproducibility.runs > 1 and cell.is_baseline and not blockers:
+            record = self._repeat(cell, mode, Path(self.root / record["artifact_dir"]),
+                                  env_hook) or record
+        return record
+
+    def _repeat(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any) -> dict | None:
+        """`[reproducibility] runs = 2`: the same cell again, same seed, its own process and
+        run directory (`<run>.repeat2`, never overwritten); the first run's record then judges
+        run_to_run_bitwise against it."""
+        again = run_dir.with_name(f"{run_dir.name}.repeat2")
+        if again.exists():
+            return None
+        job = self._prepare(cell, mode, again, env_hook)
+        outcome = self._wait(cell, job)
+        self._finish(cell, mode, again, outcome.result, job.recorded, [], outcome)
+        meta_path = run_dir / CELL_RUN_FILE
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta["policy"] = {**meta.get("policy", {}), "repeat_dir": again.name}
+        write_json_atomic(meta_path, meta)
+        record = self._analyze(run_dir, cell)
+        self.write_json(run_dir / RECORD_CACHE, record)
+        if outcome.result.interrupted:
+            raise KeyboardInterrupt
         return record
 
     def _maybe_probe(self, cell: Cell, run_dir: Path, job: CellJob,
@@ -493,6 +516,7 @@ class MatrixSession:
         return {"baseline_contract": None if contract is None else contract.as_dict(),
                 "min_samples_per_rank": m.min_samples_per_rank,
                 "min_active_tokens": m.min_active_tokens,
+                "baseline_claims": list(m.baseline_claims),
                 "backend": self.matrix.hardware[cell.hardware].backend}
 
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:

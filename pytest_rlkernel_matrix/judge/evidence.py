@@ -405,10 +405,19 @@ def _read_logprobs(ev: Evidence) -> None:
 
 
 def _read_weight_audit(ev: Evidence) -> None:
-    for path in listing(ev.root / "weight-audit", "*.json", ev.root, ev.problems):
+    paths = listing(ev.root / "weight-audit", "*.json", ev.root, ev.problems)
+    if (ev.root / "weight-audit" / "rollout").is_dir():
+        paths += listing(ev.root / "weight-audit" / "rollout", "*.json", ev.root, ev.problems)
+    for path in paths:
         data = _read_json(path, ev.root, ev.problems)
         if not isinstance(data, dict) or not isinstance(data.get("sha256"), str):
             ev.problems.append(f"weight-audit {path.name}: no sha256 string")
+            continue
+        if "version" in data and "scope" in data:  # upstream's per-version audit
+            side = "rollout" if path.parent.name == "rollout" else "training"
+            version = str(data["version"])
+            ev.weight_versions.setdefault(version, {})[side] = data["sha256"]
+            ev.weight_sides.setdefault(version, set()).add(side)
             continue
         version = str(data.get("weight_version", path.stem.split(".")[0]))
         fw, target = _str_or_none(data.get("framework")), _str_or_none(data.get("target"))

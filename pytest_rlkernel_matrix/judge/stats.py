@@ -21,7 +21,7 @@ numpy only: a few lines of vectorised numpy (scipy, not a dependency, would add 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,3 +191,24 @@ def compare_processes(num: Groups, den: Groups, policy: Policy, label: str) -> R
 def compare(num: Sequence[float], den: Sequence[float], policy: Policy, label: str) -> Ratio:
     """The rule for one process per side: never a statement (`ONE_PROCESS`), figures shown."""
     return compare_processes([num], [den], policy, label)
+
+
+def timing_noise(spread: Mapping[str, Any], policy: Policy) -> list[str]:
+    """Too few measured steps, or a spread past the declared limit, per timed phase."""
+    why: list[str] = []
+    for key in ("step_wall_time", "rollout_wall_time", "training_wall_time"):
+        s = spread.get(key)
+        if not isinstance(s, Mapping):
+            continue
+        label = key.removesuffix("_wall_time")
+        if s["n"] < policy.min_steps:
+            why.append(f"noise: {s['n']} measured step(s), the declared minimum is "
+                       f"{policy.min_steps} ([performance] min_steps; raise [runner] repeats)")
+            break
+        rel = s.get("relative_spread")
+        if rel is None or rel > policy.max_relative_spread:
+            shown = "undefined" if rel is None else f"{rel:.0%}"
+            why.append(f"noise: {label} time spread (max-min)/median {shown} > "
+                       f"{policy.max_relative_spread:.0%} (n={s['n']}, "
+                       f"{s['min']:.3g}-{s['max']:.3g} s)")
+    return why

@@ -22,6 +22,8 @@ from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route, side_of
 from pytest_rlkernel_matrix.judge.metrics import bitwise_reason
+from pytest_rlkernel_matrix.judge.stats import timing_noise
+from pytest_rlkernel_matrix.judge.steps import CLAIMS, apply_declared, judge_claims
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -71,6 +73,8 @@ class Policy:
     min_active_tokens: int = 1
     backend: str | None = None
     run_id: str | None = None
+    baseline_claims: tuple[str, ...] = ()
+    repeat_dir: str | None = None  # the second run of this cell (run_to_run_bitwise)
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> Policy:
@@ -88,13 +92,16 @@ class Policy:
             min_active_tokens=max(1, count("min_active_tokens")),
             backend=raw.get("backend") if isinstance(raw.get("backend"), str) else None,
             run_id=str(meta["run_id"]) if meta.get("run_id") is not None else None,
+            baseline_claims=tuple(c for c in raw.get("baseline_claims") or () if c in CLAIMS),
+            repeat_dir=raw["repeat_dir"] if isinstance(raw.get("repeat_dir"), str) else None,
         )
 
     def as_dict(self) -> dict[str, Any]:
         return {"baseline_contract": None if self.baseline_contract is None
                 else dict(self.baseline_contract),
                 "min_samples_per_rank": self.min_samples_per_rank,
-                "min_active_tokens": self.min_active_tokens, "backend": self.backend}
+                "min_active_tokens": self.min_active_tokens, "backend": self.backend,
+                "baseline_claims": list(self.baseline_claims), "repeat_dir": self.repeat_dir}
 
 
 @dataclass
@@ -121,6 +128,8 @@ class Decision:
     expected_gap: str | None = None
     contract: dict[str, Any] = field(default_factory=dict)
     performance_usable: bool = False
+    claims: dict[str, dict[str, str]] = field(default_factory=dict)
+    steps: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -528,7 +537,7 @@ def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mod
                if medians.get(k) is None]
     if missing:
         perf.fail(f"no phase wall-clock in run.log for {', '.join(missing)}")
-    for reason in _timing_noise(spread, policy):
+    for reason in timing_noise(spread, policy):
         perf.fail(reason)
     for reason in contamination_judge(read_measurement(ev.root), policy):
         perf.fail(reason)
@@ -541,27 +550,6 @@ def _judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mod
         why = "auto-mode fallback" if mode == "auto" else "the requested route did not run"
         perf.fail(f"not usable for RL-Kernel performance conclusions: {why}")
     return perf
-
-
-def _timing_noise(spread: Mapping[str, Any], policy: PerformancePolicy) -> list[str]:
-    """Too few measured steps, or a spread past the declared limit, per timed phase."""
-    why: list[str] = []
-    for key in ("step_wall_time", "rollout_wall_time", "training_wall_time"):
-        s = spread.get(key)
-        if not isinstance(s, Mapping):
-            continue
-        label = key.removesuffix("_wall_time")
-        if s["n"] < policy.min_steps:
-            why.append(f"noise: {s['n']} measured step(s), the declared minimum is "
-                       f"{policy.min_steps} ([performance] min_steps; raise [runner] repeats)")
-            break
-        rel = s.get("relative_spread")
-        if rel is None or rel > policy.max_relative_spread:
-            shown = "undefined" if rel is None else f"{rel:.0%}"
-            why.append(f"noise: {label} time spread (max-min)/median {shown} > "
-                       f"{policy.max_relative_spread:.0%} (n={s['n']}, "
-                       f"{s['min']:.3g}-{s['max']:.3g} s)")
-    return why
 
 
 def _exit_code_agrees(run: RunResult, ev: Evidence) -> list[str]:
@@ -670,6 +658,9 @@ def decide(
         verdict, reasons = "contract_mismatch", list(numeric.reasons)
     else:
         verdict, reasons = "valid", [r for r in numeric.reasons if r.startswith("no contract: not")]
+    claims, steps_data = judge_claims(ev.root, policy.repeat_dir)
+    if cell is not None and is_all_r(cell):
+        verdict, reasons = apply_declared(claims, policy.baseline_claims, mode, verdict, reasons)
     if verdict != "valid":
         extra = [r for r in numeric.reasons if r not in reasons and verdict != "contract_mismatch"]
         reasons += [f"also: {r}" for r in extra
@@ -695,4 +686,7 @@ def decide(
         expected_gap=expected_gap,
         contract=contract,
         performance_usable=performance.valid is True and verdict == "valid",
+        claims=claims, steps=steps_data,
     )
+
+

@@ -293,6 +293,8 @@ def build_record(
         "sidecar_count": len(ev.sidecar_files),
         "sidecar_schema": ev.sidecar_schema,
         "weight_versions": ev.weight_versions,
+        "claims": decision.claims,
+        "steps": decision.steps,
         "capability": ev.capability,
         "log_errors": ev.log.errors,
         "contamination": ev.log.contamination,

@@ -92,6 +92,10 @@ class MatrixSection(_Strict):
     )
     min_samples_per_rank: int = Field(default=1, ge=1,
                                       description="logprob samples every sidecar rank must hold")
+    baseline_claims: tuple[Literal["train_rollout_bitwise", "run_to_run_bitwise",
+                                   "weights_bitwise"], ...] = Field(
+        default=(), description="claims the all-R baseline must meet (strict: a declared claim "
+        "that fails or is not judged makes the cell not valid); all three are reported always")
     min_active_tokens: int = Field(default=1, ge=1,
                                    description="active (mask=1) tokens the logprob evidence holds")
 
@@ -360,6 +364,12 @@ class ProbeSection(_Strict):
     tokens: int = Field(default=8, ge=1, le=4096, description="probe token budget per cell")
     controls: int = Field(default=2, ge=0, le=64, description="matching tokens probed as "
                           "controls next to the mismatching ones")
+class ReproducibilitySection(_Strict):
+    """`[reproducibility]`: run the all-R baseline cells `runs` times (same seed, separate
+    processes and run directories) and compare sidecar bytes and weight chains."""
+
+    runs: int = Field(default=1, ge=1, le=2, description="1: one run per cell; 2: the baseline "
+                      "runs twice and the run_to_run_bitwise claim is judged")
 
 
 class MatrixFile(_Strict):
@@ -370,6 +380,7 @@ class MatrixFile(_Strict):
     preflight: PreflightSection = Field(default_factory=PreflightSection)
     performance: PerformanceSection = Field(default_factory=PerformanceSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
+    reproducibility: ReproducibilitySection = Field(default_factory=ReproducibilitySection)
     hardware: dict[str, HardwareProfile]
 
     @model_validator(mode="after")

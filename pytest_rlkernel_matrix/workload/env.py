@@ -20,11 +20,15 @@ SIDES = ("training", "rollout")
 CASES = ("P/P", "P/R", "R/P", "R/R")
 
 
-FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupported")
+FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupported",
+               "nondeterministic", "drift_growth")
+# nondeterministic: run-dependent noise on the module's gradients (training side: a backward
+# whose atomics vary run to run; same within a run). drift_growth: the module's output on the
+# side scaled by 1 + step * 2**-6 (grows with the step index, none at step 0).
 
 
 RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
-    "tiny": (16, 224, 3), "small": (16, 160, 3), "qwen3-0.6b": (320, 256, 32)}
+    "tiny": (8, 48, 4), "small": (16, 160, 3), "qwen3-0.6b": (320, 256, 32)}
 
 
 class UsageError(Exception):
@@ -50,6 +54,9 @@ class FaultDrill:
                 or drill.side not in SIDES):
             raise UsageError(f"RLK_REF_FAULT={raw!r}: expected <kind>[:<module>[:<side>]] with "
                              f"kind in {FAULT_KINDS}, module in {ALL_MODULES}, side in {SIDES}")
+        if drill.kind == "nondeterministic" and drill.side != "training":
+            raise UsageError(f"RLK_REF_FAULT={raw!r}: the nondeterministic drill perturbs the "
+                             "backward, so its side is training")
         return drill
 
 

@@ -18,14 +18,13 @@ same samples, CP ranks hold zigzag slices of each response at logit positions (R
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import resource
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -42,8 +41,11 @@ from pytest_rlkernel_matrix.workload.env import (
     resolve_route,
 )
 
+from . import rl
+from .artifacts import Rollout, write_json, write_probes, write_sidecar
 from .graphs import DecodeRunner
 from .kernels import (
+    MODULES,
     R_BACKEND_IDS,
     R_CONTRACT_VERSION,
     SideKernels,
@@ -58,7 +60,6 @@ from .model import (
     init_weights,
     load_checkpoint,
     shard_weights,
-    weights_sha256,
 )
 from .parallel import (
     Grid,
@@ -68,20 +69,10 @@ from .parallel import (
     launch,
     shutdown,
     zigzag_index,
-    zigzag_response_offsets,
 )
-from .probe import PERTURB_FACTOR, ProbeRequest, operator_names, write_index
+from .probe import PERTURB_FACTOR, ProbeRequest
 
-SIDECAR_SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"  # RL-Kernel's
 EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
-
-
-def write_json(path: Path, obj: object) -> None:
-    """Atomic JSON write: temp file in the same directory, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def sync(device: torch.device) -> None:
@@ -153,17 +144,6 @@ def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideK
 
 # ---------------------------------------------------------------------------------------------
 # The RL step.
-
-
-@dataclass
-class Rollout:
-    """What the rollout engine returns: full token sequences and its sampled-token logprobs."""
-
-    tokens: list[Tensor]
-    prompt_lengths: list[int]
-    logprobs: list[Tensor]
-    execution_mode: str = "eager"  # of the decode steps (graphs.DecodeRunner)
-    fallback_reason: str = ""
 
 
 def sample_top_p(logprobs: Tensor, top_p: float, gen: torch.Generator) -> Tensor:
@@ -244,39 +224,75 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
 
 
 def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, temperature: float,
-                 order: list[int], grid: Grid | None = None) -> list[Tensor]:
+                 order: list[int], grid: Grid | None = None,
+                 learn: rl.Learn | None = None) -> list[Tensor]:
     """Megatron-style recompute: padded micro-batches in ``order``, full-sequence forwards.
 
     Context parallel: each micro-batch is padded to a multiple of ``2*cp`` and split zigzag;
     attention all-gathers keys/values across the CP group, and the per-position logprobs are
-    all-gathered back (copies) so every rank can cut its RL-Kernel sidecar slice."""
-    dev = ro.tokens[0].device
+    all-gathered back (copies) so every rank can cut its RL-Kernel sidecar slice.
+
+    ``learn``: each micro-batch's GRPO loss (``rl.pg_loss``) is back-propagated right after its
+    forward (gradients accumulate in the weights' ``.grad``)."""
     grid = grid or Grid()
-    cp = grid.cp
     result: list[Tensor] = [torch.empty(0)] * len(ro.tokens)
     for s in range(0, len(order), micro_batch):
-        mb = order[s:s + micro_batch]
-        t = max(ro.tokens[i].numel() for i in mb)
-        t = -(-t // (2 * cp)) * (2 * cp) if cp > 1 else t
-        toks = torch.zeros(len(mb), t, dtype=torch.long, device=dev)
-        for r, i in enumerate(mb):
-            toks[r, :ro.tokens[i].numel()] = ro.tokens[i]
-        targets = torch.cat([toks[:, 1:], toks[:, :1] * 0], dim=1)
-        if k.tap is not None and k.tap.recording:
-            cols = (zigzag_index(t, cp, grid.cp_rank, dev) if cp > 1
-                    else torch.arange(t, device=dev)).tolist()
-            k.tap.rows([(i, j) if j < ro.tokens[i].numel() else None for i in mb for j in cols])
-        if cp > 1:
-            lp = _cp_selected_logprobs(model, k, toks, targets, temperature, grid)
+        if learn is None:
+            with torch.no_grad():
+                lp = _mb_logprobs(model, k, ro, order[s:s + micro_batch], temperature, grid)
         else:
-            pos = torch.arange(t, device=dev)[None].expand(len(mb), t)
-            h = model.hidden(k, toks, pos, None)
-            lp = model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets.reshape(-1),
-                                         temperature).reshape(len(mb), t)
-        for r, i in enumerate(mb):
+            lp = _mb_learn(model, k, ro, order[s:s + micro_batch], temperature, grid, learn)
+        for r, i in enumerate(order[s:s + micro_batch]):
             p, n = ro.prompt_lengths[i], ro.tokens[i].numel()
             result[i] = lp[r, p - 1:n - 1].float().cpu()
     return result
+
+
+def _mb_learn(model: Qwen3, k: SideKernels, ro: Rollout, mb: list[int], temperature: float,
+              grid: Grid, learn: rl.Learn) -> Tensor:
+    """One micro-batch's forward with autograd, its loss and backward; the logprobs returned
+    are the training side's own forward (a separate no-grad forward when the loss runs on
+    other kernels)."""
+    gk = learn.grad_kernels or k
+    if gk is not k:
+        with torch.no_grad():
+            reported = _mb_logprobs(model, k, ro, mb, temperature, grid)
+    k.clear_cache(), gk.clear_cache()  # derived weights carry this micro-batch's graph
+    with torch.enable_grad():
+        lp = _mb_logprobs(model, gk, ro, mb, temperature, grid)
+        mask = torch.zeros_like(lp)
+        for r, i in enumerate(mb):
+            mask[r, ro.prompt_lengths[i] - 1:ro.tokens[i].numel() - 1] = 1.0
+        adv = torch.tensor([learn.advantages[i] for i in mb], dtype=torch.float32,
+                           device=lp.device)
+        loss = rl.pg_loss(lp.float(), mask, adv, learn.n_active)
+        loss.backward()
+    gk.clear_cache()
+    learn.loss += float(loss.detach())
+    return reported if gk is not k else lp.detach()
+
+
+def _mb_logprobs(model: Qwen3, k: SideKernels, ro: Rollout, mb: list[int], temperature: float,
+                 grid: Grid) -> Tensor:
+    """Selected-token logprobs ``[len(mb), T]`` of one padded micro-batch."""
+    dev = ro.tokens[0].device
+    cp = grid.cp
+    t = max(ro.tokens[i].numel() for i in mb)
+    t = -(-t // (2 * cp)) * (2 * cp) if cp > 1 else t
+    toks = torch.zeros(len(mb), t, dtype=torch.long, device=dev)
+    for r, i in enumerate(mb):
+        toks[r, :ro.tokens[i].numel()] = ro.tokens[i]
+    targets = torch.cat([toks[:, 1:], toks[:, :1] * 0], dim=1)
+    if k.tap is not None and k.tap.recording:
+        cols = (zigzag_index(t, cp, grid.cp_rank, dev) if cp > 1
+                else torch.arange(t, device=dev)).tolist()
+        k.tap.rows([(i, j) if j < ro.tokens[i].numel() else None for i in mb for j in cols])
+    if cp > 1:
+        return _cp_selected_logprobs(model, k, toks, targets, temperature, grid)
+    pos = torch.arange(t, device=dev)[None].expand(len(mb), t)
+    h = model.hidden(k, toks, pos, None)
+    return model.selected_logprobs(k, h.reshape(-1, h.shape[-1]), targets.reshape(-1),
+                                   temperature).reshape(len(mb), t)
 
 
 def _cp_selected_logprobs(model: Qwen3, k: SideKernels, toks: Tensor, targets: Tensor,
@@ -326,6 +342,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "RL_KERNEL_MATRIX_CP from the plugin, else 1)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="generate exactly the drawn number of tokens (vLLM's ignore_eos)")
+    ap.add_argument("--lr", type=float, default=1e-3,
+                    help="AdamW learning rate; 0 keeps the weights (one weight version) and "
+                    "still runs the backward")
     ap.add_argument("--steps", type=int, default=None,
                     help="steps to run (default: RL_KERNEL_MATRIX_WARMUP + "
                     "RL_KERNEL_MATRIX_REPEATS from the plugin, else 1)")
@@ -548,24 +567,47 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         if tap is not None:
             tap.wanted = {(i, plens[i] + j - 1) for i, j in wanted}
 
+    learning = grid.world == 1  # multi-rank: forward only (no distributed backward here)
+    params = [train_w[n] for n in sorted(train_w)]
+    opt = None
+    if learning:
+        for p in params:
+            p.requires_grad_(True)
+        opt = rl.make_optimizer(params, args.lr) if args.lr > 0 else None
+    grad_kernels = kernels["training"]
+    if learning and any(kernels["training"].module(m).uses_triton for m in MODULES):
+        grad_kernels = SideKernels.build("training", impls["training"], dtype, tiling,
+                                         cfg.rms_norm_eps, "torch", tp=grid.tp_group)
+    manifest["learning"] = {
+        "backward": ("torch autograd through the training forward" if learning else
+                     "not run: the reference workload has no distributed backward (world > 1)"),
+        "backward_kernels": ("torch R path (Triton has no backward)"
+                             if grad_kernels is not kernels["training"] else "training side's own"),
+        "optimizer": (f"AdamW(lr={args.lr}, betas={rl.ADAM_BETAS}, eps={rl.ADAM_EPS}, "
+                      "weight_decay=0, foreach=False)" if opt else
+                      "none (lr = 0: weights kept)" if learning else "none"),
+        "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction"}
+    nonce = rl.run_nonce() if drill and drill.kind == "nondeterministic" else 0
+    version, audited = 0, -1
     for step in range(args.steps):
+        if drill and drill.kind == "drift_growth":
+            kernels[drill.side].module(drill.module).drift = step * rl.DRIFT_STEP
         sync(device)
         t0 = time.perf_counter()
-        rollout_w = {n: t.clone() for n, t in train_w.items()}  # the engine's own storage
+        rollout_w = {n: t.detach().clone() for n, t in train_w.items()}  # the engine's storage
         if drill and drill.kind == "corrupt_weight":
             w = rollout_w["model.layers.0.mlp.down_proj.weight"]
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
+        kernels["rollout"].clear_cache()
         sync(device)
         t_sync = time.perf_counter() - t0
-        if step == 0 and lead:
+        if version != audited and lead:
             for side, w in (("training", train_w), ("rollout", rollout_w)):
-                fw = kernels[side].framework
-                write_json(env.weight_audit_dir / f"v0.{fw}-{side}.json",
-                           {"weight_version": "v0", "framework": fw, "target": side,
-                            "sha256": weights_sha256(w)})
+                rl.write_audit(env.weight_audit_dir, w, str(version), side, write_json)
+        audited = version
         rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
                               max_seq)
-        samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2)
+        samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2 + step)
         t1 = time.perf_counter()
         with torch.inference_mode():
             ro = run_rollout(rollout_model, kernels["rollout"], prompts, max_new,
@@ -579,29 +621,38 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         sync(device)
         t_roll = time.perf_counter() - t1
         t2 = time.perf_counter()
-        with torch.inference_mode():
-            train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
-                                    args.temperature, order, grid)
+        resp = [x.numel() for x in ro.logprobs]
+        active = sum(resp)
+        rew = rl.rewards(ro.tokens, ro.prompt_lengths)
+        learn = rl.Learn(rl.grpo_advantages(rew), active, grad_kernels) if learning else None
+        train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
+                                args.temperature, order, grid, learn)
+        if drill and drill.kind == "nondeterministic":
+            rl.perturb_gradients(train_w, drill.module, nonce)
+        if opt is not None:
+            opt.step()
+            version += 1
+        for p in params:
+            p.grad = None
+        kernels["training"].clear_cache()
         sync(device)
         t_train = time.perf_counter() - t2
         t_step = time.perf_counter() - t0
-        resp = [x.numel() for x in ro.logprobs]
-        active = sum(resp)
-        if step == 0:
-            write_sidecar(env, ro, train_lp, grid)
-            if probe.enabled:
-                write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
-            diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
-            n_mis = int(sum(int(torch.ne(a, b).sum())
-                            for a, b in zip(train_lp, ro.logprobs, strict=True)))
-            print(f"rollout {step}: " + repr({
-                "rollout/response_lengths": resp,
-                "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
-            print(f"step {step}: " + repr({
-                "train/train_rollout_logprob_abs_diff": float(diff.mean()),
-                "train/train_current_rollout_logprob_mismatch_count": n_mis,
-                "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
-                "train/train_current_rollout_logprob_numel": active}))
+        write_sidecar(env, ro, train_lp, grid, step)
+        if step == 0 and probe.enabled:
+            write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
+        diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
+        n_mis = int(sum(int(torch.ne(a, b).sum())
+                        for a, b in zip(train_lp, ro.logprobs, strict=True)))
+        print(f"rollout {step}: " + repr({
+            "rollout/response_lengths": resp, "rollout/raw_reward": sum(rew) / len(rew),
+            "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
+        print(f"step {step}: " + repr({
+            "train/train_rollout_logprob_abs_diff": float(diff.mean()),
+            "train/train_current_rollout_logprob_mismatch_count": n_mis,
+            "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
+            "train/train_current_rollout_logprob_numel": active,
+            **({"train/pg_loss": learn.loss} if learn else {})}))
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
         else:
@@ -627,66 +678,3 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     return 0
 
 
-def write_probes(probe: ProbeRequest, kernels: dict[str, SideKernels], ro: Rollout,
-                 train_lp: list[Tensor], wanted: list[tuple[int, int]], grid: Grid,
-                 manifest: dict) -> None:
-    """Step 0's probe files: ``<side>.rank{r:05d}.pt`` per rank and side, ``index.json``."""
-    assert probe.directory is not None
-    tokens = []
-    for i, j in wanted:
-        p, n = ro.prompt_lengths[i], ro.logprobs[i].numel()
-        if j < n:
-            tokens.append({"sample": i, "token": j, "position": p + j - 1,
-                           "token_id": int(ro.tokens[i][p + j]),
-                           "rollout_logprob": float(ro.logprobs[i][j]),
-                           "train_logprob": float(train_lp[i][j])})
-    cfg = manifest["model"]
-    ops = operator_names(cfg["num_hidden_layers"])
-    meta = {"run_id": manifest["run_id"], "cases": manifest["cases"],
-            "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
-            "tp_layout": "gathered", "vocab_size": cfg["vocab_size"],
-            "num_hidden_layers": cfg["num_hidden_layers"], "dtype": manifest["dtype"],
-            "perturb": manifest["probe"]["perturb"]}
-    for s in SIDES:
-        tap = kernels[s].tap
-        assert tap is not None
-        tap.write(probe.directory / f"{s}.rank{grid.rank:05d}.pt",
-                  {**meta, "rank": grid.rank, "tp_rank": grid.tp_rank, "cp_rank": grid.cp_rank,
-                   "framework": kernels[s].framework,
-                   "implementations": {m: kernels[s].module(m).implementation
-                                       for m in ("attention", "ffn", "logp")}},
-                  tokens, ops)
-        tap.recording = False  # later steps are not probed
-    if grid.rank == 0:
-        write_index(probe.directory, meta, tokens, ops, grid.world)
-
-
-def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | None = None,
-                  call: int = 0) -> None:
-    """Masked train/rollout logprobs of one call as ``rank{rank:05d}.call{call:08d}.pt``, the
-    way RL-Kernel's ``_write_sidecar`` writes them (atomic: dot-tmp file, then rename).
-
-    Every rank writes (TP replicas hold the same samples); a CP rank writes, per sample, the
-    logprobs at the logit positions of its zigzag chunks (``parallel.zigzag_response_offsets``)
-    and the full loss mask, which the reader slices the same way."""
-    grid = grid or Grid()
-    train, roll = [x.float().contiguous() for x in train_lp], [
-        x.float().contiguous() for x in ro.logprobs]
-    if grid.cp > 1:
-        held = [zigzag_response_offsets(int(t.numel()), int(x.numel()), grid.cp, grid.cp_rank)
-                for t, x in zip(ro.tokens, ro.logprobs, strict=True)]
-        train = [x[k].contiguous() for x, k in zip(train, held, strict=True)]
-        roll = [x[k].contiguous() for x, k in zip(roll, held, strict=True)]
-    data = {
-        "schema_version": SIDECAR_SCHEMA, "rank": grid.rank, "call_index": call,
-        "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
-        "train_log_probs": train,
-        "rollout_log_probs": roll,
-        "loss_masks": [torch.ones(x.numel(), dtype=torch.float32) for x in ro.logprobs],
-        "total_lengths": [int(t.numel()) for t in ro.tokens],
-        "response_lengths": [int(x.numel()) for x in ro.logprobs],
-    }
-    path = env.sidecar_dir / f"rank{grid.rank:05d}.call{call:08d}.pt"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(data, tmp)
-    os.replace(tmp, path)

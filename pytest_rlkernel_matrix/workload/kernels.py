@@ -211,6 +211,10 @@ class ModuleKernel:
 
     def _tiles(self, rows: int) -> AbstractContextManager[None]:
         return nullcontext() if self.tap is None else self.tap.tiled(rows)
+    drift: float = 0.0  # drift_growth drill: relative perturbation of this module's output
+
+    def _drifted(self, out: Tensor) -> Tensor:
+        return out if not self.drift else out * (1.0 + self.drift)
 
     @property
     def partial(self) -> bool:
@@ -254,10 +258,10 @@ class AttentionKernel(ModuleKernel):
     def __call__(self, x: Tensor, lw: LayerWeights, inp: AttnInputs) -> Tensor:
         self.call_count += 1
         if self.uses_triton:
-            return self._r_triton(x, lw, inp)
+            return self._drifted(self._r_triton(x, lw, inp))
         if self.implementation == "rl_kernel":
-            return self._r(x, lw, inp)
-        return self._p(x, lw, inp)
+            return self._drifted(self._r(x, lw, inp))
+        return self._drifted(self._p(x, lw, inp))
 
     @staticmethod
     def _write_cache(inp: AttnInputs, k: Tensor, v: Tensor) -> None:
@@ -381,6 +385,9 @@ class FfnKernel(ModuleKernel):
     """FFN block: post-attention norm, fused gate/up, SwiGLU, down projection."""
 
     def __call__(self, x: Tensor, lw: LayerWeights) -> Tensor:
+        return self._drifted(self._ffn(x, lw))
+
+    def _ffn(self, x: Tensor, lw: LayerWeights) -> Tensor:
         self.call_count += 1
         b, t, h = x.shape
         inter = lw.gate_proj.shape[0]
@@ -470,6 +477,9 @@ class LogpKernel(ModuleKernel):
 
     def full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, temperature: float) -> Tensor:
         """fp32 log-probabilities ``[N, V]`` (rollout sampling path)."""
+        return self._drifted(self._full(h, norm_w, lm_head, temperature))
+
+    def _full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, temperature: float) -> Tensor:
         self.call_count += 1
         if self.partial:
             return self._tp_full(h, norm_w, lm_head, temperature)
@@ -489,6 +499,10 @@ class LogpKernel(ModuleKernel):
     def selected(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor,
                  temperature: float) -> Tensor:
         """fp32 log-probability of ``targets`` (training recompute path)."""
+        return self._drifted(self._selected(h, norm_w, lm_head, targets, temperature))
+
+    def _selected(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor,
+                  temperature: float) -> Tensor:
         self.call_count += 1
         if self.partial:
             return self._tp_selected(h, norm_w, lm_head, targets, temperature)
@@ -637,6 +651,12 @@ class SideKernels:
         if found is None:
             raise KeyError(f"module {name!r} is not built (no tensor parallelism)")
         return found
+
+    def clear_cache(self) -> None:
+        """Forget derived weights (new weights after an optimizer step or a weight sync)."""
+        for k in (self.attention, self.ffn, self.logp, self.comm):
+            if k is not None:
+                k._cache.clear()
 
     def reduce_add(self, x: Tensor, out: Tensor) -> Tensor:
         """``x + out``; with TP, ``out`` is a partial sum the comm kernel reduces first."""

@@ -1,0 +1,278 @@
+"""Drift over steps, the weight-version chain and run-to-run reproducibility of one cell.
+
+Three claims are judged here apart from today's numeric (single-step) judgement:
+
+- ``train_rollout_bitwise`` over steps: every step's sidecars bitwise (train == rollout bytes on
+  every active token), or the first step that is not, named;
+- ``weights_bitwise``: the weight-version chain of both sides (one sha256 per version, from
+  ``weight-audit/<version>.json`` and ``weight-audit/rollout/<version>.json``) compared version
+  by version; the first version where training and rollout differ is named;
+- ``run_to_run_bitwise``: two runs of the same cell with the same seed, sidecar bytes and weight
+  chains compared (``compare_runs``); "holds", "fails at step k, rank r, sample s" or
+  "not judged: reason".
+
+The drift trend is the least-squares slope of the per-step active-token mean |dlogp| with a
+percentile-bootstrap interval over steps (fixed seed, ``stats.RESAMPLES`` draws), following the
+timing rule of ``stats.py``: "grows" when the interval lies above 0, "flat" when every step has
+the same value or the interval lies inside +-5% of the mean level per step, else "no conclusion".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_rlkernel_matrix.judge import evidence as _ev
+from pytest_rlkernel_matrix.judge.metrics import compute
+from pytest_rlkernel_matrix.judge.stats import RESAMPLES, SEED
+from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, listing, read_bytes
+
+CLAIMS = ("train_rollout_bitwise", "run_to_run_bitwise", "weights_bitwise")
+_NAME = re.compile(r"^rank(\d+)\.call(\d+)\.pt$")
+FLAT_FRACTION = 0.05
+MIN_TREND_STEPS = 3
+
+
+@dataclass
+class Claim:
+    """One claim's verdict: ``holds``, ``fails`` or ``not judged``, with the sentence."""
+
+    name: str
+    status: str
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail,
+                "text": f"{self.name}: {self.status}" + (f" ({self.detail})" if self.detail
+                                                          else "")}
+
+
+@dataclass
+class Steps:
+    """Per-step series of one run directory and its weight chains."""
+
+    series: list[dict[str, Any]] = field(default_factory=list)
+    weights: dict[str, dict[str, str]] = field(default_factory=dict)  # version -> side -> sha
+    problems: list[str] = field(default_factory=list)
+
+    def trend(self) -> dict[str, Any]:
+        return trend([s["step"] for s in self.series],
+                     [s["abs_diff_mean"] for s in self.series])
+
+    def bitwise_claim(self) -> Claim:
+        name = "train_rollout_bitwise"
+        if self.problems:
+            return Claim(name, "not judged", "; ".join(self.problems[:3]))
+        if not self.series:
+            return Claim(name, "not judged", "no per-step sidecars")
+        for s in self.series:
+            if s["bitwise_mismatch_count"] or not s["active_tokens"]:
+                return Claim(name, "fails", f"first non-bitwise step {s['step']}: "
+                             f"{s['bitwise_mismatch_count']} of {s['active_tokens']} tokens")
+        return Claim(name, "holds", f"{len(self.series)} steps, every step bitwise")
+
+    def weights_claim(self) -> Claim:
+        name = "weights_bitwise"
+        if not self.weights:
+            return Claim(name, "not judged", "no per-version weight audits")
+        for v in sorted(self.weights, key=_version_key):
+            sides = self.weights[v]
+            missing = [s for s in ("training", "rollout") if s not in sides]
+            if missing:
+                return Claim(name, "not judged", f"version {v}: no {missing[0]} audit")
+            if sides["training"] != sides["rollout"]:
+                return Claim(name, "fails", f"first differing version {v}: training "
+                             f"{sides['training'][:12]} != rollout {sides['rollout'][:12]}")
+        return Claim(name, "holds", f"{len(self.weights)} version(s) equal on both sides")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"series": self.series, "trend": self.trend(),
+                "weight_chain": {v: self.weights[v] for v in sorted(self.weights,
+                                                                    key=_version_key)},
+                "problems": self.problems}
+
+
+def _version_key(v: str) -> tuple[int, str]:
+    return (int(v), v) if v.isdigit() else (1 << 62, v)
+
+
+def sidecar_files(root: Path, problems: list[str]) -> dict[tuple[int, int], Path]:
+    """(call, rank) -> sidecar path of one run directory."""
+    out: dict[tuple[int, int], Path] = {}
+    for sub in _ev.SIDECAR_DIRS:
+        for path in listing(root / sub, "*.pt", root, problems):
+            m = _NAME.match(path.name)
+            if m:
+                out[(int(m.group(2)), int(m.group(1)))] = path
+    return out
+
+
+def read_steps(root: Path) -> Steps:
+    """Per-step metrics (one step = one sidecar call index) and both sides' weight chains."""
+    st = Steps()
+    by_call: dict[int, list[Path]] = {}
+    for (call, _rank), path in sorted(sidecar_files(root, st.problems).items()):
+        by_call.setdefault(call, []).append(path)
+    for call, paths in sorted(by_call.items()):
+        samples: list[Any] = []
+        slices: list[Any] = []
+        for path in paths:
+            loaded = _ev._load_pt(path, root, st.problems)
+            if loaded is None:
+                continue
+            try:
+                samples.extend(_ev._samples_from_sidecar(loaded[0], path.name, st.problems,
+                                                         None, slices))
+            except (ValueError, TypeError, IndexError) as exc:
+                st.problems.append(f"sidecar {path.name}: malformed: {exc}")
+        if any(sl is not None for sl in slices):
+            samples = _ev._merge_cp(samples, slices, st.problems)
+        m = compute(_ev._renumber(samples))
+        st.series.append({"step": call, "active_tokens": m.active_token_count,
+                          "abs_diff_mean": m.logprob_abs_diff_mean or 0.0,
+                          "abs_diff_max": m.logprob_abs_diff_max or 0.0,
+                          "mismatch_count": m.mismatch_count,
+                          "bitwise_mismatch_count": m.bitwise_mismatch_count,
+                          "k3": m.mismatch_k3_kl or 0.0})
+    st.weights = weight_chain(root, st.problems)
+    return st
+
+
+def weight_chain(root: Path, problems: list[str]) -> dict[str, dict[str, str]]:
+    """version -> {"training": sha256, "rollout": sha256} from the per-version audits."""
+    chain: dict[str, dict[str, str]] = {}
+    for side, sub in (("training", "weight-audit"), ("rollout", "weight-audit/rollout")):
+        for path in listing(root / sub, "*.json", root, problems):
+            try:
+                data = json.loads(read_bytes(path, root, MAX_JSON_BYTES))
+            except (Refused, ValueError, UnicodeDecodeError) as exc:
+                problems.append(f"{sub}/{path.name}: unreadable: {exc}")
+                continue
+            if not isinstance(data, dict) or "version" not in data:
+                continue  # not upstream's per-version format (e.g. v0.<fw>-<side>.json)
+            if not isinstance(data.get("sha256"), str):
+                problems.append(f"{sub}/{path.name}: no sha256 string")
+                continue
+            chain.setdefault(str(data["version"]), {})[side] = data["sha256"]
+    return chain
+
+
+def trend(steps: list[int], values: list[float]) -> dict[str, Any]:
+    """Least-squares slope per step of ``values`` and its bootstrap interval, with the verdict."""
+    x, y = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    out: dict[str, Any] = {"metric": "active-token mean |dlogp|", "n": int(x.size),
+                           "slope": None, "low": None, "high": None, "confidence": 0.95}
+    if x.size < MIN_TREND_STEPS:
+        out.update(conclusion="no conclusion",
+                   reason=f"{x.size} step(s), at least {MIN_TREND_STEPS} needed")
+        return out
+    if np.all(y == y[0]):
+        out.update(slope=0.0, low=0.0, high=0.0, conclusion="flat",
+                   reason="every step has the same value")
+        return out
+    rng = np.random.default_rng(SEED)
+    idx = rng.integers(0, x.size, (RESAMPLES, x.size))
+    xs, ys = x[idx], y[idx]
+    xm, ym = xs.mean(1, keepdims=True), ys.mean(1, keepdims=True)
+    den = ((xs - xm) ** 2).sum(1)
+    ok = den > 0
+    slopes = (((xs - xm) * (ys - ym)).sum(1)[ok] / den[ok])
+    slope = float(np.polyfit(x, y, 1)[0])
+    low, high = (float(v) for v in np.percentile(slopes, [2.5, 97.5]))
+    band = FLAT_FRACTION * float(np.abs(y).mean())
+    if low > 0:
+        conclusion = "grows"
+    elif -band <= low and high <= band:
+        conclusion = "flat"
+    else:
+        conclusion = "no conclusion"
+    out.update(slope=slope, low=low, high=high, conclusion=conclusion,
+               text=f"slope {slope:.3g}/step [{low:.3g}, {high:.3g}] 95% CI, n={x.size}: "
+               f"{conclusion}")
+    return out
+
+
+def compare_runs(first: Path, second: Path) -> Claim:
+    """run_to_run_bitwise: sidecar bytes per (step, rank), then both weight chains."""
+    name = "run_to_run_bitwise"
+    problems: list[str] = []
+    a, b = sidecar_files(first, problems), sidecar_files(second, problems)
+    if problems:
+        return Claim(name, "not judged", "; ".join(problems[:3]))
+    if not a:
+        return Claim(name, "not judged", f"no sidecars in {first.name}")
+    if set(a) != set(b):
+        only = sorted(set(a) ^ set(b))[0]
+        return Claim(name, "not judged", f"step {only[0]} rank {only[1]}: sidecar in one run "
+                     "only")
+    for key in sorted(a):
+        ra, rb = read_bytes(a[key], first, 1 << 31), read_bytes(b[key], second, 1 << 31)
+        if hashlib.sha256(ra).digest() != hashlib.sha256(rb).digest():
+            return Claim(name, "fails", f"fails at step {key[0]}, rank {key[1]}, "
+                         f"sample {_first_sample(a[key], b[key], first, second)}")
+    ca, cb = weight_chain(first, problems), weight_chain(second, problems)
+    for v in sorted(set(ca) | set(cb), key=_version_key):
+        if ca.get(v) != cb.get(v):
+            return Claim(name, "fails", f"fails at weight version {v}")
+    return Claim(name, "holds", f"{len(a)} sidecar(s) and {len(ca)} weight version(s) "
+                 "byte-identical across 2 runs")
+
+
+def _first_sample(pa: Path, pb: Path, ra: Path, rb: Path) -> str:
+    la, lb = _ev._load_pt(pa, ra, []), _ev._load_pt(pb, rb, [])
+    if la is None or lb is None:
+        return "? (unreadable)"
+    for key in ("train_log_probs", "rollout_log_probs", "tokens"):
+        xa, xb = la[0].get(key) or [], lb[0].get(key) or []
+        for i, (u, w) in enumerate(zip(xa, xb, strict=False)):
+            if _ev._np(u, key).tobytes() != _ev._np(w, key).tobytes():
+                return str(i)
+        if len(xa) != len(xb):
+            return str(min(len(xa), len(xb)))
+    return "? (same logprobs, other bytes differ)"
+
+
+def judge_claims(root: Path, repeat_dir: str | None) -> tuple[dict[str, dict[str, str]],
+                                                               dict[str, Any]]:
+    """The three claims (``CLAIMS``) and the drift-over-steps data of one run directory;
+    ``repeat_dir``: the second run's directory name next to it (``run_to_run_bitwise``)."""
+    try:
+        st = read_steps(root)
+    except Exception as exc:  # a reader bug: every claim not judged, never a pass
+        why = f"steps: {type(exc).__name__}: {str(exc)[:200]}"
+        return {c: Claim(c, "not judged", why).as_dict() for c in CLAIMS}, {}
+    if repeat_dir:
+        again = root.parent / repeat_dir
+        r2r = (compare_runs(root, again) if again.is_dir() else
+               Claim("run_to_run_bitwise", "not judged", f"the second run {repeat_dir} is "
+                     "missing"))
+    else:
+        r2r = Claim("run_to_run_bitwise", "not judged", "one run (set [reproducibility] "
+                    "runs = 2 or --rlk-repeat-baseline)")
+    claims = {"train_rollout_bitwise": st.bitwise_claim(), "run_to_run_bitwise": r2r,
+              "weights_bitwise": st.weights_claim()}
+    return {k: v.as_dict() for k, v in claims.items()}, st.as_dict()
+
+
+def apply_declared(claims: dict[str, dict[str, str]], declared: tuple[str, ...], mode: str,
+                   verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
+    """An all-R cell's declared claims (``[matrix] baseline_claims``): in strict mode one that
+    fails makes a valid cell ``contract_mismatch``, one not judged ``incomparable``; otherwise
+    the claim is a reason (``also:`` on a valid cell)."""
+    for name in declared:
+        c = claims.get(name)
+        if c is None or c["status"] == "holds":
+            continue
+        why = f"declared baseline claim {c['text']}"
+        if mode == "strict" and verdict == "valid":
+            verdict = "contract_mismatch" if c["status"] == "fails" else "incomparable"
+            reasons = [why]
+        elif why not in reasons:
+            reasons = [*reasons, why if verdict != "valid" else f"also: {why}"]
+    return verdict, reasons

@@ -1,0 +1,110 @@
+"""What the reference workload leaves on disk, written the way RL-Kernel writes it: atomic JSON,
+the masked train/rollout logprob sidecars (``mismatch-sidecars/``) and the probe files.
+
+Kept apart from ``job.py`` (the step loop) so the engines job writes through the same functions.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from pytest_rlkernel_matrix.workload.env import SIDES, Env
+
+from .kernels import SideKernels
+from .parallel import Grid, zigzag_response_offsets
+from .probe import ProbeRequest, operator_names, write_index
+
+SIDECAR_SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"  # RL-Kernel's
+
+
+@dataclass
+class Rollout:
+    """What the rollout engine returns: full token sequences and its sampled-token logprobs."""
+
+    tokens: list[Tensor]
+    prompt_lengths: list[int]
+    logprobs: list[Tensor]
+    execution_mode: str = "eager"  # of the decode steps (graphs.DecodeRunner)
+    fallback_reason: str = ""
+
+
+def write_json(path: Path, obj: object) -> None:
+    """Atomic JSON write: temp file in the same directory, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def write_probes(probe: ProbeRequest, kernels: dict[str, SideKernels], ro: Rollout,
+                 train_lp: list[Tensor], wanted: list[tuple[int, int]], grid: Grid,
+                 manifest: dict) -> None:
+    """Step 0's probe files: ``<side>.rank{r:05d}.pt`` per rank and side, ``index.json``."""
+    assert probe.directory is not None
+    tokens = []
+    for i, j in wanted:
+        p, n = ro.prompt_lengths[i], ro.logprobs[i].numel()
+        if j < n:
+            tokens.append({"sample": i, "token": j, "position": p + j - 1,
+                           "token_id": int(ro.tokens[i][p + j]),
+                           "rollout_logprob": float(ro.logprobs[i][j]),
+                           "train_logprob": float(train_lp[i][j])})
+    cfg = manifest["model"]
+    ops = operator_names(cfg["num_hidden_layers"])
+    meta = {"run_id": manifest["run_id"], "cases": manifest["cases"],
+            "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
+            "tp_layout": "gathered", "vocab_size": cfg["vocab_size"],
+            "num_hidden_layers": cfg["num_hidden_layers"], "dtype": manifest["dtype"],
+            "perturb": manifest["probe"]["perturb"]}
+    for s in SIDES:
+        tap = kernels[s].tap
+        assert tap is not None
+        tap.write(probe.directory / f"{s}.rank{grid.rank:05d}.pt",
+                  {**meta, "rank": grid.rank, "tp_rank": grid.tp_rank, "cp_rank": grid.cp_rank,
+                   "framework": kernels[s].framework,
+                   "implementations": {m: kernels[s].module(m).implementation
+                                       for m in ("attention", "ffn", "logp")}},
+                  tokens, ops)
+        tap.recording = False  # later steps are not probed
+    if grid.rank == 0:
+        write_index(probe.directory, meta, tokens, ops, grid.world)
+
+
+def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | None = None,
+                  call: int = 0) -> None:
+    """Masked train/rollout logprobs of one call as ``rank{rank:05d}.call{call:08d}.pt``, the
+    way RL-Kernel's ``_write_sidecar`` writes them (atomic: dot-tmp file, then rename).
+
+    Every rank writes (TP replicas hold the same samples); a CP rank writes, per sample, the
+    logprobs at the logit positions of its zigzag chunks (``parallel.zigzag_response_offsets``)
+    and the full loss mask, which the reader slices the same way."""
+    grid = grid or Grid()
+    train, roll = [x.float().contiguous() for x in train_lp], [
+        x.float().contiguous() for x in ro.logprobs]
+    if grid.cp > 1:
+        held = [zigzag_response_offsets(int(t.numel()), int(x.numel()), grid.cp, grid.cp_rank)
+                for t, x in zip(ro.tokens, ro.logprobs, strict=True)]
+        train = [x[k].contiguous() for x, k in zip(train, held, strict=True)]
+        roll = [x[k].contiguous() for x, k in zip(roll, held, strict=True)]
+    data = {
+        "schema_version": SIDECAR_SCHEMA, "rank": grid.rank, "call_index": call,
+        "tensor_parallel_size": grid.tp, "context_parallel_size": grid.cp,
+        "train_log_probs": train,
+        "rollout_log_probs": roll,
+        "loss_masks": [torch.ones(x.numel(), dtype=torch.float32) for x in ro.logprobs],
+        "total_lengths": [int(t.numel()) for t in ro.tokens],
+        "response_lengths": [int(x.numel()) for x in ro.logprobs],
+    }
+    path = env.sidecar_dir / f"rank{grid.rank:05d}.call{call:08d}.pt"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    buf = io.BytesIO()  # not the temp file's name: torch.save names the archive after it
+    torch.save(data, buf)
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)

@@ -1,0 +1,137 @@
+"""The learning half of the reference RL step: rewards, GRPO advantages, the policy-gradient
+loss, the deterministic optimizer, the weight-version audit and the fault drills over steps.
+
+Rewards come from a deterministic rule on the sampled tokens (the fraction of response tokens
+with an even id). Advantages are GRPO's: each group of ``GROUP`` consecutive samples is
+normalised by its own mean and standard deviation (float64 on the host). The loss is the
+on-policy clipped-ratio surrogate with the ratio ``exp(logp - logp.detach())`` (1 in value, the
+policy gradient in derivative), summed over active tokens and divided by the step's active-token
+count, so micro-batches accumulate gradients exactly as one batch would (Megatron's way).
+
+Backward: torch autograd through the training side's own forward. On the CPU R path every op
+has a fixed shape (fixed row tiles, fixed attention chunks, fp32), the CPU autograd engine runs
+the graph on one thread in a fixed order, so every gradient (including a weight's sum over row
+tiles and micro-batches) is reduced in the same order on every run: the backward is
+deterministic. A Triton forward has no backward; there the loss forward and its backward run on
+the torch R path (``backward_method`` says which, in the manifest and the readbacks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from .kernels import SideKernels
+
+@dataclass
+class Learn:
+    """What the training forward needs to also run the backward: per-sample advantages, the
+    step's active-token count and the kernels the loss forward runs with (the training side's
+    own, or the torch R path where the forward ran Triton, which has no backward)."""
+
+    advantages: list[float]
+    n_active: int
+    grad_kernels: SideKernels | None = None
+    loss: float = 0.0
+
+
+GROUP = 4
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+DRIFT_STEP = 2.0 ** -6  # drift_growth drill: relative output perturbation per step index
+MODULE_PARAMS = {"attention": ("self_attn.", "input_layernorm."),
+                 "ffn": ("mlp.", "post_attention_layernorm."),
+                 "logp": ("lm_head.", "model.norm."), "comm": ()}
+
+
+def rewards(tokens: Iterable[Tensor], prompt_lengths: Iterable[int]) -> list[float]:
+    """Fraction of response tokens with an even id, per sample (deterministic, host)."""
+    out = []
+    for t, p in zip(tokens, prompt_lengths, strict=True):
+        resp = t[p:].cpu()
+        out.append(float((resp % 2 == 0).sum()) / max(1, resp.numel()))
+    return out
+
+
+def grpo_advantages(rew: list[float], group: int = GROUP) -> list[float]:
+    """(r - mean) / (std + 1e-6) within consecutive groups of ``group`` samples (float64)."""
+    out: list[float] = []
+    for s in range(0, len(rew), group):
+        g = torch.tensor(rew[s:s + group], dtype=torch.float64)
+        std = float(g.std(unbiased=False)) if g.numel() > 1 else 0.0
+        out.extend(((g - g.mean()) / (std + 1e-6)).tolist())
+    return out
+
+
+def pg_loss(lp: Tensor, mask: Tensor, adv: Tensor, n_active: int) -> Tensor:
+    """GRPO surrogate ``-sum(adv * ratio * mask) / n_active`` for ``lp``/``mask [B, T]``,
+    ``adv [B]``; ratio = exp(lp - lp.detach()) (on-policy: 1, gradient = the policy gradient)."""
+    ratio = torch.exp(lp - lp.detach())
+    return -(adv[:, None] * ratio * mask).sum() / max(1, n_active)
+
+
+def make_optimizer(params: list[Tensor], lr: float) -> torch.optim.Optimizer:
+    """AdamW with the loop-per-parameter implementation (``foreach=False``, no fused kernel):
+    one fixed order of element-wise ops, the same bits on every run."""
+    return torch.optim.AdamW(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0,
+                             foreach=False, fused=False)
+
+
+def audit(weights: dict[str, Tensor], version: str, scope: str) -> dict:
+    """Upstream's per-version weight audit: each tensor's sha256 over its uint8 view, and the
+    sha256 of ``json.dumps(tensors, sort_keys=True)``."""
+    tensors = {}
+    for name in sorted(weights):
+        t = weights[name].detach().contiguous().cpu()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        tensors[name] = {"sha256": hashlib.sha256(raw).hexdigest(), "shape": list(t.shape),
+                         "dtype": str(t.dtype)}
+    return {"version": version, "scope": scope,
+            "sha256": hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest(),
+            "tensor_count": len(tensors), "tensors": tensors}
+
+
+def write_audit(directory: Path, weights: dict[str, Tensor], version: str, side: str,
+                write: Callable[[Path, object], None]) -> None:
+    """``<dir>/<version>.json`` (training) or ``<dir>/rollout/<version>.json`` (rollout)."""
+    if side == "training":
+        write(directory / f"{version}.json", audit(weights, version, "all_exported_parameters"))
+    else:
+        write(directory / "rollout" / f"{version}.json",
+              audit(weights, version, "rollout_loaded_parameters"))
+
+
+def run_nonce() -> int:
+    """The nondeterministic drill's per-run value: drawn once by the launching process and
+    handed to its ranks (``RLK_REF_FAULT_NONCE``), so it is the same within a run and differs
+    between runs."""
+    raw = os.environ.get("RLK_REF_FAULT_NONCE", "")
+    if not raw.isdigit():
+        raw = str(int.from_bytes(os.urandom(4), "little"))
+        os.environ["RLK_REF_FAULT_NONCE"] = raw
+    return int(raw)
+
+
+def perturb_gradients(weights: dict[str, Tensor], module: str, nonce: int) -> int:
+    """nondeterministic drill (training side): add run-dependent noise to the gradients of the
+    module's parameters, as a backward with run-to-run varying atomics would. Returns the number
+    of tensors touched."""
+    gen = torch.Generator(device="cpu").manual_seed(nonce)
+    touched = 0
+    for name in sorted(weights):
+        g = weights[name].grad
+        if g is None or not any(k in name for k in MODULE_PARAMS.get(module, ())):
+            continue
+        noise = torch.randn(g.shape, generator=gen, dtype=torch.float32).to(g.device)
+        g.add_((noise * g.float().std().clamp_min(1e-12) * 0.5).to(g.dtype))
+        touched += 1
+    return touched
