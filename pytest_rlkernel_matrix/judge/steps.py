@@ -30,6 +30,7 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge import evidence as _ev
 from pytest_rlkernel_matrix.judge.metrics import compute
+from pytest_rlkernel_matrix.judge.sidecars import merge, read_sidecar
 from pytest_rlkernel_matrix.judge.stats import RESAMPLES, SEED
 from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, listing, read_bytes
 
@@ -120,20 +121,19 @@ def read_steps(root: Path) -> Steps:
     for (call, _rank), path in sorted(sidecar_files(root, st.problems).items()):
         by_call.setdefault(call, []).append(path)
     for call, paths in sorted(by_call.items()):
-        samples: list[Any] = []
-        slices: list[Any] = []
+        shards: list[Any] = []
         for path in paths:
             loaded = _ev._load_pt(path, root, st.problems)
             if loaded is None:
                 continue
             try:
-                samples.extend(_ev._samples_from_sidecar(loaded[0], path.name, st.problems,
-                                                         None, slices))
+                shards.extend(read_sidecar(loaded[0], path.name)[1])
             except (ValueError, TypeError, IndexError) as exc:
                 st.problems.append(f"sidecar {path.name}: malformed: {exc}")
-        if any(sl is not None for sl in slices):
-            samples = _ev._merge_cp(samples, slices, st.problems)
-        m = compute(_ev._renumber(samples))
+        merged = merge(shards)
+        st.problems.extend(merged.problems)
+        samples = merged.samples
+        m = compute(_ev._renumber(samples), merged.parts)
         st.series.append({"step": call, "active_tokens": m.active_token_count,
                           "abs_diff_mean": m.logprob_abs_diff_mean or 0.0,
                           "abs_diff_max": m.logprob_abs_diff_max or 0.0,
