@@ -455,6 +455,7 @@ class MatrixSession:
         return {"baseline_contract": None if contract is None else contract.as_dict(),
                 "min_samples_per_rank": m.min_samples_per_rank,
                 "min_active_tokens": m.min_active_tokens,
+                "require_rollout_weight_audit": m.require_rollout_weight_audit,
                 "backend": self.matrix.hardware[cell.hardware].backend}
 
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:

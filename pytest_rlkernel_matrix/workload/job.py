@@ -58,7 +58,6 @@ from .model import (
     init_weights,
     load_checkpoint,
     shard_weights,
-    weights_sha256,
 )
 from .parallel import (
     Grid,
@@ -69,6 +68,15 @@ from .parallel import (
     shutdown,
     zigzag_index,
     zigzag_response_keep,
+)
+from .upstream import (
+    manifest_fields,
+    native_logp_marker,
+    rollout_record,
+    route_line,
+    sidecar_marker,
+    step_record,
+    write_weight_audits,
 )
 
 SIDECAR_SCHEMA = "rlk-reference.mismatch_sidecar.v1"
@@ -101,7 +109,10 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
                 "training_implementation": env.requested(m, "training"),
                 "rollout_implementation": env.requested(m, "rollout")} for m in env.modules}
     operators = {}
+    native = native_training_logp(env, route)
     for m in env.modules:
+        if m in native:  # native Megatron logp runs outside RL-Kernel: no record, no hook
+            continue
         impl = route.claimed[m]
         prov: dict[str, object] = {
             "interface": f"pytest_rlkernel_matrix.workload.kernels.{m}",
@@ -128,13 +139,20 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
         "mode": env.mode,
         "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": plan},
         "installed_hooks": {m: f"pytest_rlkernel_matrix.workload.kernels.{m}"
-                            for m in env.modules if route.requested[m] == "rl_kernel"},
+                            for m in env.modules if m not in native},
         "fallbacks": route.fallbacks,
         "profile_calls": {m: kernels.module(m).call_count for m in env.modules},
         "operators": operators,
         "capability": {"status": "unsupported" if decisions else "resolved",
                        "capability_decisions": decisions},
     }
+
+
+def native_training_logp(env: Env, route: Route) -> set[str]:
+    """`{"logp"}` when this side is training and its logp is the native (P) one."""
+    if route.side == "training" and route.requested.get("logp") == "production":
+        return {"logp"}
+    return set()
 
 
 def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideKernels],
@@ -444,6 +462,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     kernels = {s: SideKernels.build(s, impls[s], dtype, tiling, cfg.rms_norm_eps,
                                     backend, tp=grid.tp_group) for s in SIDES}
     modes = {s: "eager" for s in SIDES}
+    upstream = manifest_fields(env.cases, steps=args.steps, global_batch_size=n_prompts,
+                               tp=grid.tp, cp=grid.cp, world=grid.world)
     manifest = {
         "schema_version": "rlk-reference.manifest.v1", "run_id": env.run_id, "mode": env.mode,
         "cases": env.cases, "preset": args.preset, "dtype": args.dtype, "device": str(device),
@@ -463,6 +483,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                 and env.requested(drill.module, drill.side) == "rl_kernel")},
         "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
                        "claimed": routes[s].claimed} for s in SIDES},
+        **{k: v for k, v in upstream.items() if k != "topology"},
         "topology": {"tp": grid.tp, "cp": grid.cp, "world_size": grid.world,
                      "collective_backend": grid.backend, "rank_layout": "tp + tp * cp_rank",
                      "rollout": {"tp": grid.tp, "cp": 1, "replicas": grid.cp},
@@ -470,6 +491,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                                       for s in SIDES},
                      "ignore_eos": args.ignore_eos},
     }
+    manifest["topology"].update(upstream["topology"])  # the counts RL-Kernel's validator reads
     if lead:
         write_json(env.artifact_dir / "manifest.json", manifest)
     if not lead:  # the other ranks stay quiet on the shared log (errors still go to stderr)
@@ -483,12 +505,13 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         for s in SIDES:
             r, fw = routes[s], kernels[s].framework
             for m in env.modules:
+                if m in native_training_logp(env, r):
+                    print(native_logp_marker(platform))  # vime's marker, not a route line
+                    continue
                 impl = r.claimed[m]
                 bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
                 fb = any(f["module"] == m for f in r.fallbacks)
-                print(f"[RL-Kernel][route] framework={fw} target={s} module={m} "
-                      f"case={env.cases[m]} implementation={impl} backend_id={bid} "
-                      f"fallback={str(fb).lower()}")
+                print(route_line(fw, s, m, r.requested[m], bid, fb))
     for s in SIDES:
         for m, why in routes[s].unsupported.items():
             print(f"[RL-Kernel][unsupported] module={m} side={s} class=platform_unsupported "
@@ -522,12 +545,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
         sync(device)
         t_sync = time.perf_counter() - t0
-        if step == 0 and lead:
-            for side, w in (("training", train_w), ("rollout", rollout_w)):
-                fw = kernels[side].framework
-                write_json(env.weight_audit_dir / f"v0.{fw}-{side}.json",
-                           {"weight_version": "v0", "framework": fw, "target": side,
-                            "sha256": weights_sha256(w)})
+        if step == 0 and lead:  # one exported weight version ("0"), training rank 0 only
+            write_weight_audits(env.weight_audit_dir, "0", train_w, rollout_w)
         rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
                               max_seq)
         samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2)
@@ -554,17 +573,11 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         active = sum(resp)
         if step == 0:
             write_sidecar(env, ro, train_lp, grid)
-            diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
-            n_mis = int(sum(int(torch.ne(a, b).sum())
-                            for a, b in zip(train_lp, ro.logprobs, strict=True)))
-            print(f"rollout {step}: " + repr({
-                "rollout/response_lengths": resp,
-                "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
-            print(f"step {step}: " + repr({
-                "train/train_rollout_logprob_abs_diff": float(diff.mean()),
-                "train/train_current_rollout_logprob_mismatch_count": n_mis,
-                "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
-                "train/train_current_rollout_logprob_numel": active}))
+            print(sidecar_marker(env.cases["logp"]))
+            truncated = sum(int(n == cap) for n, cap in zip(resp, max_new, strict=True))
+            print(f"rollout {step}: " + repr(rollout_record(
+                [t.numel() for t in ro.tokens], resp, truncated)))
+            print(f"step {step}: " + repr(step_record(train_lp, ro.logprobs)))
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
         else:
@@ -574,7 +587,9 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                                        "perf/tokens_per_gpu_per_sec": round(per_gpu, 3)}))
         print(f"perf {step}: " + repr({
             "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
+            "perf/actor_train_time": round(t_train, 6),
             "perf/update_weights_time": round(t_sync, 6),
+            "perf/actor_train_tok_per_s": round(active / t_train, 3),
             "perf/tokens_per_sec": round(active / t_step, 3),
             "perf/peak_memory_bytes": peak}))
         sys.stdout.flush()
