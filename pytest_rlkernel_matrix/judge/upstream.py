@@ -64,6 +64,7 @@ class WeightAudit:
     rollout_readback_versions: list[str] = field(default_factory=list)
     tensor_counts: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # chain problems: reasons
+    notes: list[str] = field(default_factory=list)  # what the judgement only records
     files: list[str] = field(default_factory=list)
 
     @property
@@ -80,6 +81,7 @@ class WeightAudit:
                 "rollout_versions": sorted(set(self.rollout) | set(
                     self.rollout_readback_versions), key=_version_key),
                 "tensor_counts": self.tensor_counts, "problems": self.problems,
+                "notes": self.notes,
                 "files": self.files}
 
 

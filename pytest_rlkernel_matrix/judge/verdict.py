@@ -274,7 +274,7 @@ def _judge_semantic(ev: Evidence, mode: str, policy: Policy) -> Judgement:
                                         policy.require_rollout_weight_audit)
     for reason in reasons:
         sem.fail(reason)
-    sem.reasons.extend(notes)
+    ev.weight_audit.notes = notes  # recorded with the audit, not reasons
     for problem in ev.sample_problems:
         sem.fail(f"samples not comparable: {problem}")
     _judge_ranks(ev, sem)
