@@ -517,6 +517,7 @@ class MatrixSession:
                 "min_samples_per_rank": m.min_samples_per_rank,
                 "min_active_tokens": m.min_active_tokens,
                 "baseline_claims": list(m.baseline_claims),
+                "require_rollout_weight_audit": m.require_rollout_weight_audit,
                 "backend": self.matrix.hardware[cell.hardware].backend}
 
     def _analyze(self, run_dir: Path, cell: Cell) -> dict[str, Any]:

@@ -90,6 +90,15 @@ def _sidecar(target: Path, cases: dict[str, str], mode: str, scenario: str, n_sa
         os.replace(tmp, cached)
 
 
+def _audit(version: str, scope: str, content: str) -> dict[str, object]:
+    tensors = {name: {"sha256": hashlib.sha256(f"{name}:{content}".encode()).hexdigest(),
+                      "shape": [64, 64], "dtype": "torch.bfloat16"}
+               for name in ("model.embed_tokens.weight", "lm_head.weight")}
+    digest = hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest()
+    return {"version": version, "scope": scope, "sha256": digest,
+            "tensor_count": len(tensors), "tensors": tensors}
+
+
 def main() -> int:
     env = os.environ
     art = Path(env["RL_KERNEL_ARTIFACT_DIR"])
@@ -107,7 +116,7 @@ def main() -> int:
         time.sleep(600)
     if scenario == "slow":
         for i in range(5):
-            print(f"rollout {i}: {{'rollout/response_lengths': [1]}}", flush=True)
+            print(f"rollout {i}: {{'rollout/response_lengths': 1.0}}", flush=True)
             time.sleep(0.6)
     if scenario == "build_failure":
         print("ImportError: cannot import name '_C' from 'rl_engine' (extension unavailable)")
@@ -118,13 +127,12 @@ def main() -> int:
     _sidecar(sidecars / "rank00000.call00000000.pt", cases, mode, scenario,
              int(env.get("FAKE_SAMPLES", "8")), env.get("FAKE_SIDECAR_CACHE"))
 
+    # RL-Kernel's weight audit: one file per exported version from training rank 0, plus the
+    # rollout side's record of what it loaded (stale_weight: an older copy).
     audit = Path(env.get("RL_KERNEL_WEIGHT_AUDIT_DIR", art / "weight-audit"))
-    for side, fw in SIDES.items():
-        sha = "ab" * 32
-        if scenario == "stale_weight" and side == "rollout":
-            sha = "cd" * 32
-        _write(audit / f"v0.{fw}-{side}.json",
-               {"weight_version": "v0", "framework": fw, "target": side, "sha256": sha})
+    _write(audit / "0.json", _audit("0", "all_exported_parameters", "fresh"))
+    _write(audit / "rollout" / "0.json", _audit(
+        "0", "rollout_loaded_parameters", "stale" if scenario == "stale_weight" else "fresh"))
 
     readbacks = Path(env.get("RL_KERNEL_READBACK_DIR", art / "readbacks"))
     exit_code = 0
@@ -132,10 +140,17 @@ def main() -> int:
         for side, fw in SIDES.items():
             if scenario == "missing_readback" and side == "rollout":
                 continue
-            operators, fallbacks = {}, []
+            operators, fallbacks, hooks = {}, [], {}
             capability = None
             for m in MODULES:
                 letter = cases[m][0] if side == "training" else cases[m][2]
+                if m == "logp" and side == "training" and letter == "P":
+                    # native Megatron logp: no hook, no record, vime's marker line instead
+                    print("linear_logp native active: backend_id=vime.utils.ppo_utils."
+                          "calculate_log_probs_and_entropy contract_id=vime.native."
+                          "linear_logp.v1 route=unconfigured device=cpu")
+                    continue
+                hooks[m] = f"fake.hooks.{m}"
                 impl = "rl_kernel" if letter == "R" else "production"
                 fb = False
                 if m == "attention" and side == "rollout" and letter == "R":
@@ -163,13 +178,14 @@ def main() -> int:
                                 "case_id": cases[m], "implementation": impl,
                                 "backend_id": backend, "call_count": 7,
                                 "execution_mode": "eager", "provenance": prov}
+                requested = "rl_kernel" if letter == "R" else "production"
                 print(f"[RL-Kernel][route] framework={fw} target={side} module={m} "
-                      f"case={cases[m]} implementation={impl} backend_id={backend} "
+                      f"requested={requested} actual={backend} "
                       f"fallback={'true' if fb else 'false'}")
             data: dict[str, object] = {
                 "framework": fw, "target": side,
                 "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": {}},
-                "installed_hooks": {}, "fallbacks": fallbacks, "profile_calls": {},
+                "installed_hooks": hooks, "fallbacks": fallbacks, "profile_calls": {},
                 "operators": operators,
             }
             if capability:

@@ -178,7 +178,7 @@ def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
             for side in ("training", "rollout"):
                 assert cell["routes"][m][side]["call_count"] > 0, (cell["case"], m, side)
         audit = cell["weight_versions"]["v0"]  # hashed from what each engine loaded
-        assert audit["megatron-training"] == audit["vllm-rollout"]
+        assert audit["training"] == audit["rollout"]
     assert rr["routes"]["attention"]["rollout"]["backend_ids"] == [
         "rlkernel.attention.deterministic.v1"]
     assert pp["routes"]["attention"]["rollout"]["backend_ids"] == ["vllm.production.attention"]

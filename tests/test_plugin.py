@@ -182,7 +182,7 @@ def test_full_pairwise_run_report_and_dedup(pytester: pytest.Pytester, make_matr
         ("recorded_fallback", "R/R", "fallback", "attention rollout: fallback recorded"),
         ("unsupported", "R/R", "unsupported", "platform_unsupported: attention rollout"),
         ("build_failure", "R/R", "unsupported", "build_failure"),
-        ("stale_weight", "R/R", "incomparable", "weight version v0"),
+        ("stale_weight", "R/R", "incomparable", "weight version 0: sides hold different weights"),
         ("crash", "R/R", "error", "exit code 1"),
         ("nan", "P/R", "error", "NaN/inf"),
         ("missing_readback", "R/R", "error", "R route unproven"),

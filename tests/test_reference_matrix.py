@@ -73,7 +73,7 @@ def test_default_pairwise_matrix(pytester: pytest.Pytester, tmp_path: Path) -> N
     [
         ("recorded_fallback:attention:rollout", "fallback", ("attention", "rollout", "fallback")),
         ("silent_fallback:ffn:training", "contract_mismatch", ("bitwise contract violated",)),
-        ("corrupt_weight", "incomparable", ("weight version", "vllm-rollout")),
+        ("corrupt_weight", "incomparable", ("weight version 0", "sides hold different weights")),
         ("unsupported:logp:rollout", "unsupported", ("logp", "rollout", "platform_unsupported")),
     ],
 )

@@ -29,6 +29,7 @@ from pytest_rlkernel_matrix.judge.sidecars import (
     merge,
     read_sidecar,
 )
+from pytest_rlkernel_matrix.judge.upstream import WeightAudit, read_weight_audits, side_of
 from pytest_rlkernel_matrix.store.safeio import (
     MAX_JSON_BYTES,
     MAX_PT_BYTES,
@@ -39,22 +40,9 @@ from pytest_rlkernel_matrix.store.safeio import (
 )
 
 SIDES = ("training", "rollout")
-_TRAINING_NAMES = {"training", "train", "actor", "megatron", "fsdp", "trainer"}
-_ROLLOUT_NAMES = {"rollout", "inference", "generation", "vllm", "sglang", "generator"}
 SIDECAR_DIRS = ("mismatch-sidecars", "mismatch_sidecars")
 _SIDECAR_NAME_RE = re.compile(r"^rank(\d+)\.call(\d+)\.pt$")
 _TRAIN_DATA_NAME_RE = re.compile(r"\.rank(\d+)\.pt$")
-
-
-def side_of(framework: str | None, target: str | None) -> str | None:
-    """`training`/`rollout` from a readback's target, else its framework."""
-    for name in (target, framework):
-        low = (name or "").lower()
-        if low in _TRAINING_NAMES:
-            return "training"
-        if low in _ROLLOUT_NAMES:
-            return "rollout"
-    return None
 
 
 @dataclass
@@ -99,7 +87,8 @@ class Evidence:
     metrics: DriftMetrics | None = None
     sample_problems: list[str] = field(default_factory=list)
     weight_versions: dict[str, dict[str, str]] = field(default_factory=dict)
-    weight_sides: dict[str, set[str]] = field(default_factory=dict)
+    weight_audit: WeightAudit = field(default_factory=WeightAudit)
+    hooks: dict[str, dict[str, str]] = field(default_factory=lambda: {s: {} for s in SIDES})
     rank_files: list[dict[str, Any]] = field(default_factory=list)
     samples_per_rank: dict[int, int] = field(default_factory=dict)
     run_ids: dict[str, str] = field(default_factory=dict)
@@ -163,6 +152,16 @@ def _read_readback(ev: Evidence, path: Path) -> None:
     if side is None:
         ev.problems.append(f"readback {path.name}: cannot tell the side of {fw}/{target}")
         return
+    hooks = data.get("installed_hooks") or {}
+    if isinstance(hooks, dict):
+        for module, hook in hooks.items():
+            if isinstance(hook, str) and hook:
+                ev.hooks[side].setdefault(str(module), hook)
+    else:
+        ev.problems.append(f"readback {path.name}: installed_hooks is not an object")
+    version = data.get("weight_version")
+    if side == "rollout" and isinstance(version, (str, int)) and not isinstance(version, bool):
+        _add_unique(ev.weight_audit.rollout_readback_versions, str(version))
     fallbacks = data.get("fallbacks") or []
     if not isinstance(fallbacks, list):
         ev.problems.append(f"readback {path.name}: fallbacks is {type(fallbacks).__name__}, "
@@ -405,31 +404,13 @@ def _read_logprobs(ev: Evidence) -> None:
 
 
 def _read_weight_audit(ev: Evidence) -> None:
-    paths = listing(ev.root / "weight-audit", "*.json", ev.root, ev.problems)
-    if (ev.root / "weight-audit" / "rollout").is_dir():
-        paths += listing(ev.root / "weight-audit" / "rollout", "*.json", ev.root, ev.problems)
-    for path in paths:
-        data = _read_json(path, ev.root, ev.problems)
-        if not isinstance(data, dict) or not isinstance(data.get("sha256"), str):
-            ev.problems.append(f"weight-audit {path.name}: no sha256 string")
-            continue
-        if "version" in data and "scope" in data:  # upstream's per-version audit
-            side = "rollout" if path.parent.name == "rollout" else "training"
-            version = str(data["version"])
-            ev.weight_versions.setdefault(version, {})[side] = data["sha256"]
-            ev.weight_sides.setdefault(version, set()).add(side)
-            continue
-        version = str(data.get("weight_version", path.stem.split(".")[0]))
-        fw, target = _str_or_none(data.get("framework")), _str_or_none(data.get("target"))
-        who = "-".join(str(data[k]) for k in ("framework", "target") if k in data) or path.stem
-        ev.weight_versions.setdefault(version, {})[who] = data["sha256"]
-        side = side_of(fw, target) if (fw or target) else None
-        if side is None:  # `v0.megatron-training.json`: the name says who wrote it
-            parts = path.stem.split(".", 1)[-1].split("-")
-            side = side_of(parts[0], parts[-1])
-        ev.weight_sides.setdefault(version, set())
-        if side is not None:
-            ev.weight_sides[version].add(side)
+    from_readbacks = ev.weight_audit.rollout_readback_versions
+    ev.weight_audit = read_weight_audits(ev.root, ev.problems)
+    ev.weight_audit.rollout_readback_versions = from_readbacks
+    for version, sha in ev.weight_audit.training.items():
+        ev.weight_versions.setdefault(version, {})["training"] = sha
+    for version, sha in ev.weight_audit.rollout.items():
+        ev.weight_versions.setdefault(version, {})["rollout"] = sha
 
 
 def read_evidence(root: Path) -> Evidence:

@@ -31,6 +31,8 @@ _ROUTE_TAG = "[RL-Kernel][route]"
 _UNSUPPORTED_TAG = "[RL-Kernel][unsupported]"
 _CONTAMINATION_TAG = "[RL-Kernel][contamination]"
 _CONTRACT_RE = re.compile(r"contract_id=(\S+)")
+# vime's evidence that native Megatron logp ran (it writes no readback record for it).
+LOGP_MARKERS = ("linear_logp native active:", "rlkernel mismatch sidecar active: logp_case=")
 # `fallback=true` as its own key (not `allow_fallback=true`), `fallback=1` too.
 _FALLBACK_RE = re.compile(r"(?<![\w.-])fallback=(?:true|1)\b", re.IGNORECASE)
 
@@ -93,7 +95,7 @@ def _prefilter() -> re.Pattern[str]:
     """One alternation of every trigger below: a line matching none is skipped after one search
     (3-4x faster than trying each pattern; the full checks run only on candidate lines)."""
     parts = [_RECORD_RE.pattern, re.escape("[RL-Kernel]["), "(?i:fallback=)", "contract_id=",
-             "Traceback"]
+             "Traceback", *(re.escape(m) for m in LOGP_MARKERS)]
     for _, pat in ERROR_PATTERNS:
         parts.append(f"(?i:{pat.first.pattern})" if pat.first.flags & re.IGNORECASE
                      else pat.first.pattern)
@@ -126,6 +128,7 @@ class LogScan:
     unsupported: list[dict[str, str]] = field(default_factory=list)
     contamination: dict[str, str] = field(default_factory=dict)
     contract_ids: list[str] = field(default_factory=list)
+    logp_markers: list[str] = field(default_factory=list)  # native logp marker lines
     errors: dict[str, str] = field(default_factory=dict)
     traceback: str | None = None
     fallback_lines: list[str] = field(default_factory=list)
@@ -281,6 +284,8 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
                         scan.contamination[key] = line.strip()[:500]
             if _FALLBACK_RE.search(line):
                 _keep(scan.fallback_lines, line.strip()[:500], scan)  # type: ignore[arg-type]
+            if any(marker in line for marker in LOGP_MARKERS):
+                _keep(scan.logp_markers, line.strip()[:500], scan)  # type: ignore[arg-type]
             if "contract_id=" in line:
                 for cid in _CONTRACT_RE.findall(line):
                     if cid not in scan.contract_ids and len(scan.contract_ids) < MAX_KEPT:

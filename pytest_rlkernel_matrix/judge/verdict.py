@@ -24,6 +24,12 @@ from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route, side_o
 from pytest_rlkernel_matrix.judge.metrics import bitwise_reason
 from pytest_rlkernel_matrix.judge.stats import timing_noise
 from pytest_rlkernel_matrix.judge.steps import CLAIMS, apply_declared, judge_claims
+from pytest_rlkernel_matrix.judge.upstream import (
+    bitwise_validation_status,
+    judge_weight_audit,
+    log_route_findings,
+    native_logp_evidence,
+)
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -75,6 +81,7 @@ class Policy:
     run_id: str | None = None
     baseline_claims: tuple[str, ...] = ()
     repeat_dir: str | None = None  # the second run of this cell (run_to_run_bitwise)
+    require_rollout_weight_audit: bool = False
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> Policy:
@@ -94,6 +101,7 @@ class Policy:
             run_id=str(meta["run_id"]) if meta.get("run_id") is not None else None,
             baseline_claims=tuple(c for c in raw.get("baseline_claims") or () if c in CLAIMS),
             repeat_dir=raw["repeat_dir"] if isinstance(raw.get("repeat_dir"), str) else None,
+            require_rollout_weight_audit=raw.get("require_rollout_weight_audit") is True,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,7 +109,8 @@ class Policy:
                 else dict(self.baseline_contract),
                 "min_samples_per_rank": self.min_samples_per_rank,
                 "min_active_tokens": self.min_active_tokens, "backend": self.backend,
-                "baseline_claims": list(self.baseline_claims), "repeat_dir": self.repeat_dir}
+                "baseline_claims": list(self.baseline_claims), "repeat_dir": self.repeat_dir,
+                "require_rollout_weight_audit": self.require_rollout_weight_audit}
 
 
 @dataclass
@@ -174,8 +183,10 @@ def _real_backend(bid: str, impl: str) -> bool:
     return not low.startswith("rlkernel.")
 
 
-def _log_route_fallbacks(cell: Cell, mode: str, ev: Evidence, have: list[str]) -> list[str]:
-    """run.log `fallback=true` lines and route lines contradicting an R request."""
+def _log_route_fallbacks(cell: Cell, mode: str, ev: Evidence, have: list[str],
+                         mismatch: Judgement) -> list[str]:
+    """run.log `fallback=true` lines and route lines contradicting the request (upstream's
+    `requested=`/`actual=` form and the older `implementation=` form)."""
     out: list[str] = []
     for line in ev.log.fallback_lines:
         if ev.readback_files and "[RL-Kernel]" not in line:
@@ -188,16 +199,13 @@ def _log_route_fallbacks(cell: Cell, mode: str, ev: Evidence, have: list[str]) -
         out.append(f"run.log: {line}")
     if mode == "off":
         return out
-    for route in ev.log.routes:
-        module, impl = route.get("module"), route.get("implementation")
-        side = side_of(route.get("framework"), route.get("target"))
-        if module not in cell.cases.modules or side is None or impl is None:
-            continue
-        if cell.cases.side(module, side) == "R" and impl != "rl_kernel":
-            where = f"{module} {side}"
-            if not any(f.startswith(where) for f in have + out):
-                out.append(f"{where}: run.log route line says implementation={impl} although "
-                           "R was requested (fallback)")
+    found, mismatches = log_route_findings(cell.cases.modules, cell.cases.side, ev.log.routes)
+    for reason in found:
+        where = " ".join(reason.split()[:2])
+        if not any(f.startswith(where) for f in have + out):
+            out.append(reason)
+    for reason in mismatches:
+        mismatch.fail(reason)
     return out
 
 
@@ -217,6 +225,13 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
             if got is None:
                 if letter == "R":
                     route.fail(f"{where}: R requested but no readback reports it: R route unproven")
+                elif module == "logp" and side == "training" and mode != "off" and (
+                        native_logp_evidence(ev.log.logp_markers, cell.cases.of(module)) is None):
+                    route.fail(f"{where}: native (production) logp has no readback record and "
+                               "run.log has no native backend marker ('linear_logp native "
+                               "active: ... contract_id=vime.native.linear_logp.v1' or "
+                               "'rlkernel mismatch sidecar active: logp_case="
+                               f"{cell.cases.of(module)}'): P route unproven")
                 continue
             if got.fallback and not any(f.startswith(f"{module} {side}") for f in fallbacks):
                 fallbacks.append(f"{where}: readback provenance says fallback=true")
@@ -257,7 +272,7 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                               f"case_id: cannot tie it to the requested case {requested}")
             if got.case_ids and got.case_ids != [requested]:
                 mismatch.fail(f"{where}: readback case_id {got.case_ids} != requested {requested}")
-    fallbacks += _log_route_fallbacks(cell, mode, ev, fallbacks)
+    fallbacks += _log_route_fallbacks(cell, mode, ev, fallbacks, mismatch)
     for reason in fallbacks:
         route.fail(reason)
     return route, mismatch, fallbacks
@@ -265,22 +280,11 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
 
 def _judge_semantic(ev: Evidence, mode: str, policy: Policy) -> Judgement:
     sem = Judgement()
-    for version, by_side in sorted(ev.weight_versions.items()):
-        shas = set(by_side.values())
-        if len(shas) > 1:
-            shown = ", ".join(f"{who} {sha[:12]}" for who, sha in sorted(by_side.items()))
-            sem.fail(f"weight version {version}: sides hold different weights ({shown})")
-        sides = ev.weight_sides.get(version, set())
-        missing = [s for s in SIDES if s not in sides]
-        if missing and mode != "off":
-            sem.fail(f"weight version {version}: no weight audit from the {' and '.join(missing)} "
-                     "side: weights not verified on both sides")
-    if not ev.weight_versions:
-        msg = "no weight-audit files: weight version not verified"
-        if mode == "off":
-            sem.reasons.append(msg)
-        else:
-            sem.fail(msg + " (both sides must write one)")
+    reasons, notes = judge_weight_audit(ev.weight_audit, mode,
+                                        policy.require_rollout_weight_audit)
+    for reason in reasons:
+        sem.fail(reason)
+    ev.weight_audit.notes = notes  # recorded with the audit, not reasons
     for problem in ev.sample_problems:
         sem.fail(f"samples not comparable: {problem}")
     _judge_ranks(ev, sem)
@@ -488,10 +492,10 @@ def _judge_numeric(ev: Evidence, mode: str, cell: Cell | None = None,
     for problem in contract["problems"]:
         num.fail(f"contract: {problem}")
     bv = ev.bitwise_validation
-    if all_r and isinstance(bv, dict) and bv.get("passed") is not True:
-        detail = bv.get("error") or (bv.get("train_rollout_logp") or {})
+    status, detail = bitwise_validation_status(bv) if isinstance(bv, dict) else ("", "")
+    if all_r and status == "failed":
         num.fail(f"bitwise-validation.json: passed={bv.get('passed')!r} (RL-Kernel's validator "
-                 f"fails this all-R run): {str(detail)[:300]}")
+                 f"fails this all-R run): {detail}")
     m = ev.metrics
     if m is None:
         errors.append("no logprob evidence (no mismatch-sidecars/*.pt or train-data/*.pt)")

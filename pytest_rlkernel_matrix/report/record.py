@@ -20,6 +20,11 @@ from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, read_evidence
 from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
+from pytest_rlkernel_matrix.judge.upstream import (
+    bitwise_validation_status,
+    native_logp_evidence,
+    route_form,
+)
 from pytest_rlkernel_matrix.judge.verdict import Decision, Policy, contract_id, decide
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -65,6 +70,15 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
                 "runtime_platforms": r.runtime_platforms, "execution_modes": r.execution_modes,
                 "contract": r.contracts[0] if len(r.contracts) == 1 else (r.contracts or None),
             }
+            marker = (native_logp_evidence(ev.log.logp_markers, cell.cases.of(module))
+                      if module == "logp" and side == "training" and r is None else None)
+            if marker is not None:  # native Megatron logp writes no record: its log marker
+                bid = (marker.split("backend_id=", 1)[1].split()[0] if "backend_id=" in marker
+                       else "vime.native.linear_logp")
+                entry[side] = {"implementation": "production", "backend_ids": [bid],
+                               "call_count": None, "processes": 0, "fallback": False,
+                               "runtime_platforms": [], "execution_modes": [],
+                               "contract": None, "evidence": "run.log marker"}
         routes[module] = entry
     out: dict[str, Any] = {"routes": routes}
     focus = [cell.module] if cell.module in ALL_MODULES else list(cell.cases.modules)
@@ -82,6 +96,19 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
         out[f"actual_{side}_implementation"] = ";".join(impls)
         out[f"{side}_backend_id"] = ";".join(backends)
     return out
+
+
+def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
+    """What the record says about RL-Kernel's own artifact forms (docs/en/conformance.md)."""
+    bv = ev.bitwise_validation
+    status, detail = bitwise_validation_status(bv) if isinstance(bv, dict) else (None, "")
+    return {
+        "weight_audit": ev.weight_audit.as_dict(),
+        "route_line_form": route_form(ev.log.routes),
+        "installed_hooks": ev.hooks,
+        "native_logp_marker": native_logp_evidence(ev.log.logp_markers, cell.cases.of("logp")),
+        "offline_comparison": None if status is None else {"status": status, "detail": detail},
+    }
 
 
 def read_cell_run(run_dir: Path) -> dict[str, Any]:
@@ -295,6 +322,7 @@ def build_record(
         "weight_versions": ev.weight_versions,
         "claims": decision.claims,
         "steps": decision.steps,
+        **conformance_fields(cell, ev),
         "capability": ev.capability,
         "log_errors": ev.log.errors,
         "contamination": ev.log.contamination,

@@ -98,6 +98,10 @@ class MatrixSection(_Strict):
         "that fails or is not judged makes the cell not valid); all three are reported always")
     min_active_tokens: int = Field(default=1, ge=1,
                                    description="active (mask=1) tokens the logprob evidence holds")
+    require_rollout_weight_audit: bool = Field(
+        default=False,
+        description="a missing rollout-side weight audit (weight-audit/rollout/<version>.json "
+        "or a weight_version in a rollout readback) is a reason, not only a note")
 
     @field_validator("baseline_contract", mode="before")
     @classmethod

@@ -71,6 +71,15 @@ from .parallel import (
     zigzag_index,
 )
 from .probe import PERTURB_FACTOR, ProbeRequest
+from .upstream import (
+    manifest_fields,
+    native_logp_marker,
+    rollout_record,
+    route_line,
+    sidecar_marker,
+    step_record,
+    write_weight_audits,
+)
 
 EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
 
@@ -93,7 +102,10 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
                 "training_implementation": env.requested(m, "training"),
                 "rollout_implementation": env.requested(m, "rollout")} for m in env.modules}
     operators = {}
+    native = native_training_logp(env, route)
     for m in env.modules:
+        if m in native:  # native Megatron logp runs outside RL-Kernel: no record, no hook
+            continue
         impl = route.claimed[m]
         prov: dict[str, object] = {
             "interface": f"pytest_rlkernel_matrix.workload.kernels.{m}",
@@ -120,13 +132,20 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
         "mode": env.mode,
         "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": plan},
         "installed_hooks": {m: f"pytest_rlkernel_matrix.workload.kernels.{m}"
-                            for m in env.modules if route.requested[m] == "rl_kernel"},
+                            for m in env.modules if m not in native},
         "fallbacks": route.fallbacks,
         "profile_calls": {m: kernels.module(m).call_count for m in env.modules},
         "operators": operators,
         "capability": {"status": "unsupported" if decisions else "resolved",
                        "capability_decisions": decisions},
     }
+
+
+def native_training_logp(env: Env, route: Route) -> set[str]:
+    """`{"logp"}` when this side is training and its logp is the native (P) one."""
+    if route.side == "training" and route.requested.get("logp") == "production":
+        return {"logp"}
+    return set()
 
 
 def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideKernels],
@@ -483,6 +502,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                                     backend, tp=grid.tp_group, tap=probe.tap(s, grid.tp_group))
                for s in SIDES}
     modes = {s: "eager" for s in SIDES}
+    upstream = manifest_fields(env.cases, steps=args.steps, global_batch_size=n_prompts,
+                               tp=grid.tp, cp=grid.cp, world=grid.world)
     manifest = {
         "schema_version": "rlk-reference.manifest.v1", "run_id": env.run_id, "mode": env.mode,
         "cases": env.cases, "preset": args.preset, "dtype": args.dtype, "device": str(device),
@@ -508,6 +529,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                 and env.requested(drill.module, drill.side) == "rl_kernel")},
         "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
                        "claimed": routes[s].claimed} for s in SIDES},
+        **{k: v for k, v in upstream.items() if k != "topology"},
         "topology": {"tp": grid.tp, "cp": grid.cp, "world_size": grid.world,
                      "collective_backend": grid.backend, "rank_layout": "tp + tp * cp_rank",
                      "rollout": {"tp": grid.tp, "cp": 1, "replicas": grid.cp},
@@ -515,6 +537,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                                       for s in SIDES},
                      "ignore_eos": args.ignore_eos},
     }
+    manifest["topology"].update(upstream["topology"])  # the counts RL-Kernel's validator reads
     if lead:
         write_json(env.artifact_dir / "manifest.json", manifest)
     if not lead:  # the other ranks stay quiet on the shared log (errors still go to stderr)
@@ -531,12 +554,13 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         for s in SIDES:
             r, fw = routes[s], kernels[s].framework
             for m in env.modules:
+                if m in native_training_logp(env, r):
+                    print(native_logp_marker(platform))  # vime's marker, not a route line
+                    continue
                 impl = r.claimed[m]
                 bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
                 fb = any(f["module"] == m for f in r.fallbacks)
-                print(f"[RL-Kernel][route] framework={fw} target={s} module={m} "
-                      f"case={env.cases[m]} implementation={impl} backend_id={bid} "
-                      f"fallback={str(fb).lower()}")
+                print(route_line(fw, s, m, r.requested[m], bid, fb))
     for s in SIDES:
         for m, why in routes[s].unsupported.items():
             print(f"[RL-Kernel][unsupported] module={m} side={s} class=platform_unsupported "
@@ -601,9 +625,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         kernels["rollout"].clear_cache()
         sync(device)
         t_sync = time.perf_counter() - t0
-        if version != audited and lead:
-            for side, w in (("training", train_w), ("rollout", rollout_w)):
-                rl.write_audit(env.weight_audit_dir, w, str(version), side, write_json)
+        if version != audited and lead:  # training rank 0: one audit per exported version
+            write_weight_audits(env.weight_audit_dir, str(version), train_w, rollout_w)
         audited = version
         rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
                               max_seq)
@@ -639,20 +662,16 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         t_train = time.perf_counter() - t2
         t_step = time.perf_counter() - t0
         write_sidecar(env, ro, train_lp, grid, step)
-        if step == 0 and probe.enabled:
-            write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
-        diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
-        n_mis = int(sum(int(torch.ne(a, b).sum())
-                        for a, b in zip(train_lp, ro.logprobs, strict=True)))
-        print(f"rollout {step}: " + repr({
-            "rollout/response_lengths": resp, "rollout/raw_reward": sum(rew) / len(rew),
-            "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
-        print(f"step {step}: " + repr({
-            "train/train_rollout_logprob_abs_diff": float(diff.mean()),
-            "train/train_current_rollout_logprob_mismatch_count": n_mis,
-            "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
-            "train/train_current_rollout_logprob_numel": active,
-            **({"train/pg_loss": learn.loss} if learn else {})}))
+        if step == 0:
+            print(sidecar_marker(env.cases["logp"]))
+            if probe.enabled:
+                write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
+        truncated = sum(int(n == cap) for n, cap in zip(resp, max_new, strict=True))
+        print(f"rollout {step}: " + repr({**rollout_record(
+            [t.numel() for t in ro.tokens], resp, truncated),
+            "rollout/raw_reward": sum(rew) / len(rew)}))
+        print(f"step {step}: " + repr({**step_record(train_lp, ro.logprobs),
+                                       **({"train/pg_loss": learn.loss} if learn else {})}))
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
         else:
@@ -662,7 +681,9 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                                        "perf/tokens_per_gpu_per_sec": round(per_gpu, 3)}))
         print(f"perf {step}: " + repr({
             "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
+            "perf/actor_train_time": round(t_train, 6),
             "perf/update_weights_time": round(t_sync, 6),
+            "perf/actor_train_tok_per_s": round(active / t_train, 3),
             "perf/tokens_per_sec": round(active / t_step, 3),
             "perf/peak_memory_bytes": peak}))
         sys.stdout.flush()
