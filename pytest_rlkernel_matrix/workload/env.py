@@ -5,6 +5,7 @@ route each side takes.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,3 +147,25 @@ def resolve_route(env: Env, side: str, drill: FaultDrill | None, platform: str) 
             actual[m] = claimed[m] = "production"
             fallbacks.append({"module": m, "reason": "unsupported: " + unsupported[m]})
     return Route(side, req, actual, claimed, fallbacks, unsupported)
+
+
+def intra_op_threads(environ: Mapping[str, str], world: int) -> int | None:
+    """torch's intra-op threads for one of the cell's `world` rank processes.
+
+    `RLK_MATRIX_THREADS` (the cell's CPU share, set by the plugin) is divided among the ranks; a
+    user's `OMP_NUM_THREADS` is per process, as OpenMP defines it; otherwise the CPUs of this
+    process's affinity mask (never `os.cpu_count()`, which ignores taskset and cpusets) are
+    divided among the ranks. None: unreadable values leave torch's default."""
+    for var, per_rank in (("RLK_MATRIX_THREADS", True), ("OMP_NUM_THREADS", False)):
+        raw = environ.get(var, "").strip()
+        if raw:
+            try:
+                total = int(raw.split(",")[0])
+            except ValueError:
+                return None
+            return max(1, total // world if per_rank else total)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // world)

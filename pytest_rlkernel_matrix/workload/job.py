@@ -23,7 +23,6 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from pytest_rlkernel_matrix.workload.env import (
     FaultDrill,
     Route,
     UsageError,
+    intra_op_threads,
     resolve_route,
 )
 
@@ -401,28 +401,6 @@ def main(argv: list[str] | None = None) -> int:
     if world > 1 and not is_rank_process():
         return launch(sys.argv[1:] if argv is None else argv, world)
     return run_cell(args, env, drill, t_start)
-
-
-def intra_op_threads(environ: Mapping[str, str], world: int) -> int | None:
-    """torch's intra-op threads for one of the cell's `world` rank processes.
-
-    `RLK_MATRIX_THREADS` (the cell's CPU share, set by the plugin) is divided among the ranks; a
-    user's `OMP_NUM_THREADS` is per process, as OpenMP defines it; otherwise the CPUs of this
-    process's affinity mask (never `os.cpu_count()`, which ignores taskset and cpusets) are
-    divided among the ranks. None: unreadable values leave torch's default."""
-    for var, per_rank in (("RLK_MATRIX_THREADS", True), ("OMP_NUM_THREADS", False)):
-        raw = environ.get(var, "").strip()
-        if raw:
-            try:
-                total = int(raw.split(",")[0])
-            except ValueError:
-                return None
-            return max(1, total // world if per_rank else total)
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // world)
 
 
 def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: float) -> int:
