@@ -88,6 +88,7 @@ class Evidence:
     sidecar_schema: list[str] = field(default_factory=list)
     logprob_source: str | None = None
     metrics: DriftMetrics | None = None
+    samples: list[Sample] = field(default_factory=list)  # what `metrics` was computed over
     sample_problems: list[str] = field(default_factory=list)
     weight_versions: dict[str, dict[str, str]] = field(default_factory=dict)
     weight_sides: dict[str, set[str]] = field(default_factory=dict)
@@ -503,7 +504,8 @@ def _read_logprobs(ev: Evidence) -> None:
             _read_train_data(ev, path, samples)
     if ev.logprob_source is not None:
         try:
-            ev.metrics = compute(_renumber(samples))
+            ev.samples = _renumber(samples)
+            ev.metrics = compute(ev.samples)
         except (ValueError, TypeError, MemoryError) as exc:
             ev.problems.append(f"logprob metrics: {type(exc).__name__}: {str(exc)[:200]}")
         if ev.metrics is not None:  # ranks whose sidecars were read (TP replicas included)

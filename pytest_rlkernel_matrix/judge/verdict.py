@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route, side_of
+from pytest_rlkernel_matrix.judge.factors import factor_contract, weights_factor
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -253,12 +254,18 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
     return route, mismatch, fallbacks
 
 
-def _judge_semantic(ev: Evidence, mode: str, policy: Policy) -> Judgement:
+def _judge_semantic(ev: Evidence, mode: str, policy: Policy,
+                    cell: Cell | None = None) -> Judgement:
     sem = Judgement()
+    varies = weights_factor(cell)  # "name=variant" when the cell varies how weights sync
     for version, by_side in sorted(ev.weight_versions.items()):
-        shas = set(by_side.values())
-        if len(shas) > 1:
-            shown = ", ".join(f"{who} {sha[:12]}" for who, sha in sorted(by_side.items()))
+        shown = ", ".join(f"{who} {sha[:12]}" for who, sha in sorted(by_side.items()))
+        differ = len(set(by_side.values())) > 1
+        if varies:  # differing audits are the factor's doing, the same ones say it did nothing
+            sem.reasons.append(f"weight version {version}: " + (
+                f"sides hold different weights ({shown}): expected, this cell varies {varies}"
+                if differ else f"both sides hold the same weights: {varies} did not change them"))
+        elif differ:
             sem.fail(f"weight version {version}: sides hold different weights ({shown})")
         sides = ev.weight_sides.get(version, set())
         missing = [s for s in SIDES if s not in sides]
@@ -378,6 +385,8 @@ def resolve_contract(cell: Cell, ev: Evidence, mode: str,
     if mode == "off":
         return {"kind": "none", "why": "mode off: native route, no RL-Kernel contract",
                 "sources": {}, "problems": []}
+    if (exempt := factor_contract(cell)) is not None:
+        return exempt
     if not is_all_r(cell):
         side_p = next(f"{m} {s}" for m in cell.cases.modules for s in SIDES
                       if cell.cases.side(m, s) == "P")
@@ -600,7 +609,7 @@ def decide(
     `policy` and `performance_policy` are what the run was recorded with (its cell-run.json)."""
     policy = policy or Policy()
     route, mismatch, fallbacks = _judge_route(cell, mode, ev)
-    semantic = _judge_semantic(ev, mode, policy)
+    semantic = _judge_semantic(ev, mode, policy, cell)
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")
     numeric, contract, evidence_errors = _judge_numeric(ev, mode, cell, policy)
