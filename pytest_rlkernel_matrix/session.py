@@ -157,7 +157,9 @@ class MatrixSession:
         self.cells = list(cells)
         extra = [self.factor_baseline(c) for c in cells if c.factor is not None]
         self.canonical = canonical_cells([*cells, *extra])
-        self.expected_cells = len(cells)
+        # a baseline no selected cell runs is run (and reported) for the factor cells
+        selected = {c.run_key for c in cells}
+        self.expected_cells = len(cells) + len({b.run_key for b in extra} - selected)
 
     def factor_baseline(self, cell: Cell) -> Cell:
         """The unmodified cell a factor cell is compared with (every module at its case)."""
@@ -210,15 +212,12 @@ class MatrixSession:
         full, recorded = cell_env(contract, profile_env=profile.env,
                                   runner_env=self.matrix.runner.env, python=sys.executable,
                                   base=base)
-<<<<<<< HEAD
         share = self.cpu_share(cell, base)
         full.update(share.env)
         recorded.update(share.env)
-=======
         if cell.factor is not None:  # the variant's env: after the profile's and the runner's
             full.update(cell.factor.env)
             recorded.update(cell.factor.env)
->>>>>>> 8773e60 (factors: [factors.<name>] schema, factor cells (ids, rlk_factor marker, env/args), baseline runs, judge comparison and contract/weight exemptions by expect)
         if self.devices is not None and profile.backend != "cpu":
             from pytest_rlkernel_matrix.run.devices import device_env
 
@@ -360,7 +359,6 @@ class MatrixSession:
             env.update(extra)
             recorded.update(extra)
             self.scrubber.add_env(extra)
-<<<<<<< HEAD
             hooked = share.with_hook(extra)
             if hooked is not share:  # the hook's thread variable wins: drop the share's
                 for var in share.env:
@@ -368,10 +366,7 @@ class MatrixSession:
                         env.pop(var, None)
                         recorded.pop(var, None)
             share = hooked
-        command = self.matrix.runner.command
-=======
         command = self.command(cell)
->>>>>>> 8773e60 (factors: [factors.<name>] schema, factor cells (ids, rlk_factor marker, env/args), baseline runs, judge comparison and contract/weight exemptions by expect)
         cwd = self.command_cwd()
         write_text_atomic(run_dir / "matrix-case.env",
                           render_case_env(recorded, command, cwd, self.scrubber,
