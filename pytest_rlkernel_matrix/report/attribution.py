@@ -302,8 +302,10 @@ def _factor_case(rec: Mapping[str, Any]) -> tuple[str, bool | None]:
     case, name, variant = rec.get("case"), f.get("name"), f.get("variant")
     applied = ((c.get("workload_factors") or {}).get(str(name)) or {}).get("applied")
     note = ((c.get("workload_factors") or {}).get(str(name)) or {}).get("note")
-    if rec.get("verdict") not in ("valid", "contract_mismatch"):
-        return f"{case}: no conclusion (the factor cell is {rec.get('verdict')})", None
+    if rec.get("verdict") != "valid":  # its own evidence failed: never blame the factor
+        why = "; ".join(str(r) for r in (rec.get("reasons") or [])[:1])
+        return (f"{case}: no conclusion (the factor cell is {rec.get('verdict')}"
+                + (f": {why}" if why else "") + ")"), None
     if not c.get("judged"):
         return f"{case}: {c.get('why') or 'not judged: no comparison with the baseline cell'}", None
     if applied is False:
