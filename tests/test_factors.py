@@ -48,7 +48,10 @@ expect = "weight_drift"
 
 [factors.drill]
 baseline = "all"
-variants = { silent = { env = { RLK_REF_ROLLOUT_BATCH = "1", RLK_REF_FAULT = "silent_fallback:attention:rollout" } } }
+
+[factors.drill.variants.silent.env]
+RLK_REF_ROLLOUT_BATCH = "1"
+RLK_REF_FAULT = "silent_fallback:attention:rollout"
 '''
 
 
@@ -131,7 +134,7 @@ def test_factor_cells_on_cpu(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pp = cells["factor-rollout_batch-one-pp"]["factor"]["comparison"]
     k = pp["rollout_logprobs_differ"]  # measured, whatever it is on this CPU
     tail = (f"; P/P is not ({k} of {pp['compared_logprobs']}" if k or not pp["tokens_equal"]
-            else f"; P/P is invariant to rollout_batch (one vs all: 0 of")
+            else "; P/P is invariant to rollout_batch (one vs all: 0 of")
     assert words[("rollout_batch", "one")].startswith(
         f"rollout_batch one: R/R is invariant to rollout_batch (one vs all: 0 of {n} logprobs "
         "differ)" + tail)
