@@ -23,10 +23,16 @@ from pytest_rlkernel_matrix.spec.cells import Cell
 JUDGED_BASELINE = ("valid", "contract_mismatch")
 
 
-def weights_factor(cell: Cell | None) -> str:
-    """`name=variant` of a factor cell whose factor changes the rollout's weights, else ''."""
+def weight_note(cell: Cell | None, version: str, shown: str, differ: bool) -> str:
+    """For a cell whose factor changes the rollout's weights: what its weight audits say
+    (differing audits are the factor's doing, equal ones say it did nothing); else ''."""
     f = cell.factor if cell is not None else None
-    return f"{f.name}={f.variant}" if f is not None and f.expect == "weight_drift" else ""
+    if f is None or f.expect != "weight_drift":
+        return ""
+    varies = f"{f.name}={f.variant}"
+    return f"weight version {version}: " + (
+        f"sides hold different weights ({shown}): expected, this cell varies {varies}"
+        if differ else f"both sides hold the same weights: {varies} did not change them")
 
 
 def factor_contract(cell: Cell) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route, side_of
-from pytest_rlkernel_matrix.judge.factors import factor_contract, weights_factor
+from pytest_rlkernel_matrix.judge.factors import factor_contract, weight_note
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -257,14 +257,11 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
 def _judge_semantic(ev: Evidence, mode: str, policy: Policy,
                     cell: Cell | None = None) -> Judgement:
     sem = Judgement()
-    varies = weights_factor(cell)  # "name=variant" when the cell varies how weights sync
     for version, by_side in sorted(ev.weight_versions.items()):
         shown = ", ".join(f"{who} {sha[:12]}" for who, sha in sorted(by_side.items()))
         differ = len(set(by_side.values())) > 1
-        if varies:  # differing audits are the factor's doing, the same ones say it did nothing
-            sem.reasons.append(f"weight version {version}: " + (
-                f"sides hold different weights ({shown}): expected, this cell varies {varies}"
-                if differ else f"both sides hold the same weights: {varies} did not change them"))
+        if note := weight_note(cell, version, shown, differ):  # a weight-sync factor cell
+            sem.reasons.append(note)
         elif differ:
             sem.fail(f"weight version {version}: sides hold different weights ({shown})")
         sides = ev.weight_sides.get(version, set())
