@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.spec.cells import Cell, expand
+from pytest_rlkernel_matrix.spec.cells import Cell, expand, expand_factors
 
 SESSION_KEY = pytest.StashKey["MatrixSession"]()
 CELL_KEY = pytest.StashKey[Cell]()
@@ -86,13 +86,19 @@ class HardwareNode(pytest.Collector):
 
     def collect(self) -> Iterator[MatrixItem]:
         session = self.config.stash[SESSION_KEY]
-        for cell in expand(session.matrix.matrix, [self.name], session.layout, session.mode):
+        m = session.matrix
+        cells = expand(m.matrix, [self.name], session.layout, session.mode)
+        for cell in cells + expand_factors(m.factors, m.matrix, [self.name]):
             item = MatrixItem.from_parent(self, name=cell.name, callobj=rlk_matrix_cell)
             item.stash[CELL_KEY] = cell
             item.add_marker(pytest.mark.rlk_hardware(cell.hardware, name=cell.hardware))
             item.add_marker(pytest.mark.rlk_module(cell.module, name=cell.module))
             item.add_marker(pytest.mark.rlk_case(cell.case, case=cell.case))
-            if cell.is_baseline:
+            if cell.factor is not None:
+                f = cell.factor
+                item.add_marker(pytest.mark.rlk_factor(f.name, name=f.name, variant=f.variant))
+                item.extra_keyword_matches.update({f.name, f.variant})
+            elif cell.is_baseline:
                 item.add_marker(pytest.mark.rlk_baseline)
             item.extra_keyword_matches.update({cell.hardware, cell.module, cell.case,
                                                cell.case.replace("/", "")})

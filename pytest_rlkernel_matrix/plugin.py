@@ -37,6 +37,7 @@ MARKERS = (
     "rlk_module(name): matrix cell varying this module (attention, ffn, logp)",
     "rlk_case(case): matrix cell of this training/rollout case, e.g. 'P/R'",
     "rlk_baseline: the aligned R/R baseline cell (all modules R/R)",
+    "rlk_factor(name): factor cell varying this framework factor ([factors.<name>])",
     "rlk_verdict(word): added after a cell ran: valid, unsupported, fallback, ...",
 )
 LETTERS = {"valid": ".", "unsupported": "u", "fallback": "b", "contract_mismatch": "c",

@@ -44,7 +44,7 @@ from pytest_rlkernel_matrix.run.runner import (
     is_secret,
     render_case_env,
 )
-from pytest_rlkernel_matrix.spec.cells import Cell, canonical_cells
+from pytest_rlkernel_matrix.spec.cells import Cell, canonical_cells, expand, expand_factors
 from pytest_rlkernel_matrix.spec.limits import Policy
 from pytest_rlkernel_matrix.spec.matrix import MatrixFile
 from pytest_rlkernel_matrix.store.atomic import write_json_atomic, write_text_atomic
@@ -133,6 +133,9 @@ class MatrixSession:
         self.scrubber.add_env(runner.env)
         for profile in self.matrix.hardware.values():
             self.scrubber.add_env(profile.env)
+        for factor in self.matrix.factors.values():
+            for variant in factor.variants.values():
+                self.scrubber.add_env(variant.env)
 
     def write_json(self, path: Path, data: Any) -> None:
         """Every JSON file the session writes: scrubbed of secret values, written atomically."""
@@ -150,10 +153,34 @@ class MatrixSession:
 
     # -- layout ---------------------------------------------------------------------------------
     def set_selected(self, cells: Sequence[Cell]) -> None:
-        """Fix which cell's directory holds each run, from the cells that were selected."""
+        """Fix which cell's directory holds each run, from the cells that were selected.
+
+        A selected factor cell needs its baseline's run: that run gets a directory too (the
+        layout's cell of that case, or `factor-baseline-<case>`) even when it is not selected."""
         self.cells = list(cells)
-        self.canonical = canonical_cells(cells)
-        self.expected_cells = len(cells)
+        extra = [self.factor_baseline(c) for c in cells if c.factor is not None]
+        self.canonical = canonical_cells([*cells, *extra])
+        # a baseline no selected cell runs is run (and reported) for the factor cells
+        selected = {c.run_key for c in cells}
+        self.expected_cells = len(cells) + len({b.run_key for b in extra} - selected)
+
+    def factor_baseline(self, cell: Cell) -> Cell:
+        """The unmodified cell a factor cell is compared with (every module at its case)."""
+        layout = [*self.cells, *expand(self.matrix.matrix, [cell.hardware], self.layout,
+                                       self.mode)]
+        return cell.baseline_cell(layout)
+
+    def command(self, cell: Cell) -> str | list[str]:
+        """The cell's command: the runner's, with a factor variant's arguments appended."""
+        command = self.matrix.runner.command
+        args = cell.factor.args if cell.factor is not None else ()
+        if isinstance(command, str):
+            if not args:
+                return command
+            import shlex
+
+            return command + " " + " ".join(shlex.quote(a) for a in args)
+        return [*command, *args]
 
     def run_dir(self, cell: Cell) -> Path:
         owner = self.canonical.get(cell.run_key, cell)
@@ -191,6 +218,9 @@ class MatrixSession:
         share = self.cpu_share(cell, base)
         full.update(share.env)
         recorded.update(share.env)
+        if cell.factor is not None:  # the variant's env: after the profile's and the runner's
+            full.update(cell.factor.env)
+            recorded.update(cell.factor.env)
         if self.devices is not None and profile.backend != "cpu":
             from pytest_rlkernel_matrix.run.devices import device_env
 
@@ -212,12 +242,16 @@ class MatrixSession:
         """Per run: what the launcher would run (env contract + command, or the batch script)."""
         out: list[str] = []
         seen: set[str] = set()
-        command = self.matrix.runner.command
-        for cell in cells:
+        listed = {c.run_key for c in cells}
+        baselines = [b for b in (self.factor_baseline(c) for c in cells if c.factor is not None)
+                     if b.run_key not in listed]
+        for cell in [*cells, *baselines]:
             if cell.run_key in seen:
                 continue
             seen.add(cell.run_key)
-            names = [c.id for c in cells if c.run_key == cell.run_key]
+            command = self.command(cell)
+            names = [c.id for c in cells if c.run_key == cell.run_key] or [
+                f"{cell.id} (baseline of factor cells, not selected itself)"]
             run_dir = self.run_dir(cell)
             _, recorded = self.environment(cell, mode, run_dir, base={})
             owner = self.canonical.get(cell.run_key, cell)
@@ -235,6 +269,26 @@ class MatrixSession:
         """Run (or reuse) the run behind `cell` and return the cell's record."""
         if mode == "off" and not cell.cases.is_native:
             return off_mode_record(cell, mode)
+        if cell.factor is not None:
+            return self._run_factor_cell(cell, mode, env_hook)
+        return self._run_one(cell, mode, env_hook)
+
+    def _run_factor_cell(self, cell: Cell, mode: str, env_hook: Any) -> dict[str, Any]:
+        """The baseline's run first (reused when a selected cell already ran it), then the
+        factor's run, then the judge's comparison of the two rollouts in the record."""
+        from pytest_rlkernel_matrix.judge.factors import compare_runs
+
+        base_cell = self.factor_baseline(cell)
+        base = self._run_one(base_cell, mode, env_hook)
+        record = self._run_one(cell, mode, env_hook)
+        base_dir = self.root / base["artifact_dir"] if base.get("artifact_dir") else None
+        own_dir = self.root / record["artifact_dir"] if record.get("artifact_dir") else None
+        comparison = compare_runs(own_dir, base_dir, base)
+        record["factor"] = {**(record.get("factor") or cell.factor.as_dict()),  # type: ignore
+                            "baseline_cell": base_cell.id, "comparison": comparison}
+        return record
+
+    def _run_one(self, cell: Cell, mode: str, env_hook: Any) -> dict[str, Any]:
         run_dir = self.run_dir(cell)
         lock = self.root / ".locks" / f"{cell.run_key.replace('/', '__')}.lock"
         with _locked(lock):
@@ -316,7 +370,7 @@ class MatrixSession:
                         env.pop(var, None)
                         recorded.pop(var, None)
             share = hooked
-        command = self.matrix.runner.command
+        command = self.command(cell)
         cwd = self.command_cwd()
         write_text_atomic(run_dir / "matrix-case.env",
                           render_case_env(recorded, command, cwd, self.scrubber,
@@ -559,10 +613,10 @@ class MatrixSession:
 
     def _own_runs(self) -> Iterator[tuple[Cell, Path, str]]:
         """(cell, run directory, run id) of every run this session started, from the disk."""
-        from pytest_rlkernel_matrix.spec.cells import expand
-
-        by_dir = {(c.hardware, c.slug): c for c in expand(self.matrix.matrix, self.hardware,
-                                                          self.layout, self.mode)}
+        layout = expand(self.matrix.matrix, self.hardware, self.layout, self.mode)
+        factors = expand_factors(self.matrix.factors, self.matrix.matrix, self.hardware)
+        by_dir = {(c.hardware, c.slug): c for c in
+                  [*layout, *factors, *(c.baseline_cell(layout) for c in factors)]}
         for case_env in sorted(self.root.glob("*/*/matrix-case.env")):
             run_dir = case_env.parent
             cell = by_dir.get((run_dir.parent.name, run_dir.name))

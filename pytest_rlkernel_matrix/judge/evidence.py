@@ -85,6 +85,7 @@ class Evidence:
     sidecar_schema: list[str] = field(default_factory=list)
     logprob_source: str | None = None
     metrics: DriftMetrics | None = None
+    samples: list[Sample] = field(default_factory=list)  # what `metrics` was computed over
     sample_problems: list[str] = field(default_factory=list)
     weight_versions: dict[str, dict[str, str]] = field(default_factory=dict)
     weight_audit: WeightAudit = field(default_factory=WeightAudit)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route, side_of
+from pytest_rlkernel_matrix.judge.factors import factor_contract, weight_reasons
 from pytest_rlkernel_matrix.judge.metrics import bitwise_reason
 from pytest_rlkernel_matrix.judge.stats import timing_noise
 from pytest_rlkernel_matrix.judge.steps import CLAIMS, apply_declared, judge_claims
@@ -278,12 +279,12 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
     return route, mismatch, fallbacks
 
 
-def _judge_semantic(ev: Evidence, mode: str, policy: Policy) -> Judgement:
+def _judge_semantic(ev: Evidence, mode: str, policy: Policy,
+                    cell: Cell | None = None) -> Judgement:
     sem = Judgement()
-    reasons, notes = judge_weight_audit(ev.weight_audit, mode,
-                                        policy.require_rollout_weight_audit)
-    for reason in reasons:
-        sem.fail(reason)
+    reasons, notes = judge_weight_audit(ev.weight_audit, mode, policy.require_rollout_weight_audit)
+    for failed, reason in weight_reasons(cell, reasons):  # a weight-sync factor: expected
+        sem.fail(reason) if failed else sem.reasons.append(reason)
     ev.weight_audit.notes = notes  # recorded with the audit, not reasons
     for problem in ev.sample_problems:
         sem.fail(f"samples not comparable: {problem}")
@@ -395,6 +396,8 @@ def resolve_contract(cell: Cell, ev: Evidence, mode: str,
     if mode == "off":
         return {"kind": "none", "why": "mode off: native route, no RL-Kernel contract",
                 "sources": {}, "problems": []}
+    if (exempt := factor_contract(cell)) is not None:
+        return exempt
     if not is_all_r(cell):
         side_p = next(f"{m} {s}" for m in cell.cases.modules for s in SIDES
                       if cell.cases.side(m, s) == "P")
@@ -596,7 +599,7 @@ def decide(
     `policy` and `performance_policy` are what the run was recorded with (its cell-run.json)."""
     policy = policy or Policy()
     route, mismatch, fallbacks = _judge_route(cell, mode, ev)
-    semantic = _judge_semantic(ev, mode, policy)
+    semantic = _judge_semantic(ev, mode, policy, cell)
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")
     numeric, contract, evidence_errors = _judge_numeric(ev, mode, cell, policy)

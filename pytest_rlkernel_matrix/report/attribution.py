@@ -291,3 +291,65 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entry["conclusion"] = f"{module}: {drift}; {timing}"
         out.append(entry)
     return out
+
+
+# -- framework factors ------------------------------------------------------------------------
+
+def _factor_case(rec: Mapping[str, Any]) -> tuple[str, bool | None]:
+    """(words, invariant?) for one factor cell against its baseline cell."""
+    f = rec.get("factor") or {}
+    c = f.get("comparison") or {}
+    case, name, variant = rec.get("case"), f.get("name"), f.get("variant")
+    applied = ((c.get("workload_factors") or {}).get(str(name)) or {}).get("applied")
+    note = ((c.get("workload_factors") or {}).get(str(name)) or {}).get("note")
+    if rec.get("verdict") != "valid":  # its own evidence failed: never blame the factor
+        why = "; ".join(str(r) for r in (rec.get("reasons") or [])[:1])
+        return (f"{case}: no conclusion (the factor cell is {rec.get('verdict')}"
+                + (f": {why}" if why else "") + ")"), None
+    if not c.get("judged"):
+        return f"{case}: {c.get('why') or 'not judged: no comparison with the baseline cell'}", None
+    if applied is False:
+        return f"{case}: {name}={variant} could not act ({note or 'the workload says so'})", None
+    n, k = c.get("compared_logprobs", 0), c.get("rollout_logprobs_differ", 0)
+    tok = ("" if c.get("tokens_equal") else
+           f", sampled tokens differ in {c.get('samples_tokens_differ')} of {c.get('samples')} "
+           "samples")
+    if f.get("expect") == "invariant":
+        if k == 0 and c.get("tokens_equal"):
+            return (f"{case} is invariant to {name} ({variant} vs {f.get('baseline')}: "
+                    f"0 of {n} logprobs differ)"), True
+        return f"{case} is not ({k} of {n}{tok})", False
+    own = c.get("own_drift") or {}
+    base = c.get("baseline_drift") or {}
+    m, total, b = own.get("mismatch_count"), own.get("active_token_count"), base.get(
+        "mismatch_count")
+    if m and not b:
+        return (f"{name}={variant} drifts with kernels at {case} ({m} of {total} train/rollout "
+                f"logprobs differ, baseline cell 0): the factor, not a kernel"), False
+    if m:
+        return (f"{name}={variant} at {case}: {m} of {total} train/rollout logprobs differ, "
+                f"baseline cell {b}: the baseline itself drifts, the factor's share is not "
+                "separable"), False
+    return f"{name}={variant} at {case}: no train/rollout drift ({total} logprobs)", True
+
+
+def attribute_factors(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (hardware, factor, variant): its cases' words, joined in one line."""
+    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for rec in records:
+        f = rec.get("factor")
+        if isinstance(f, Mapping) and f.get("name"):
+            groups.setdefault((str(rec.get("hardware")), str(f["name"]), str(f.get("variant"))),
+                              []).append(rec)
+    out: list[dict[str, Any]] = []
+    for (hardware, name, variant), recs in groups.items():
+        parts = [_factor_case(r) for r in recs]
+        words = [p[0] for p in parts]
+        # "R/R is invariant ... ; P/P is not (k of N)": the short form follows an invariant one
+        text = "; ".join(words)
+        out.append({"hardware": hardware, "factor": name, "variant": variant,
+                    "cases": [str(r.get("case")) for r in recs],
+                    "invariant": {str(r.get("case")): p[1] for r, p in zip(recs, parts,
+                                                                             strict=True)},
+                    "conclusion": f"{name} {variant}: {text}"})
+    return out

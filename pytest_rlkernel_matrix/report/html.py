@@ -148,7 +148,9 @@ def _matrix_view(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]],
     matrix = _map(report.get("matrix"))
     by_key: dict[tuple[str, str, str], list[int]] = {}
     for i, c in enumerate(cells):
-        key = (str(c.get("hardware")), str(c.get("module")), str(c.get("case")))
+        f = _map(c.get("factor"))  # a factor cell: one row per factor variant, beside the modules
+        row = f"factor {f.get('name')}={f.get('variant')}" if f else str(c.get("module"))
+        key = (str(c.get("hardware")), row, str(c.get("case")))
         by_key.setdefault(key, []).append(i)
     hardware = _ordered(_list(matrix.get("hardware")), (k[0] for k in by_key))
     modules = _ordered(list(MODULE_ORDER) + _list(matrix.get("modules")), (k[1] for k in by_key))
@@ -204,9 +206,18 @@ def _effects_table(kind: str, data: Any) -> View:
     return _table(head + (["noise"] if with_noise else []), rows)
 
 
+def _factor_rows(report: Mapping[str, Any]) -> View | None:
+    entries = [e for e in _list(report.get("factor_attribution")) if isinstance(e, Mapping)]
+    rows = [[_fmt(e.get("hardware")), f"{e.get('factor')}={e.get('variant')}",
+             ", ".join(str(c) for c in _list(e.get("cases"))), str(e.get("conclusion") or "-")]
+            for e in entries]
+    return _table(("hardware", "factor", "cases", "conclusion"), rows) if rows else None
+
+
 def _attribution(report: Mapping[str, Any]) -> View | None:
     entries = [e for e in _list(report.get("attribution")) if isinstance(e, Mapping)]
-    if not entries:
+    factors = _factor_rows(report)
+    if not entries and factors is None:
         return None
     rows = []
     details = []
@@ -221,7 +232,7 @@ def _attribution(report: Mapping[str, Any]) -> View | None:
                             "drift": _effects_table("drift", effects.get("drift")),
                             "time": _effects_table("time", effects.get("time"))})
     return {"table": _table(("hardware", "module", "conclusion", "refused"), rows),
-            "details": details}
+            "details": details, "factors": factors}
 
 
 def _routes(c: Mapping[str, Any]) -> View:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.report.attribution import attribute
+from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
 
 REPORT_SCHEMA = "rlk-matrix.report.v1"
@@ -76,6 +76,7 @@ def build_report(
         "preflight": dict(preflight or {}),
         "node_fingerprints": node_fingerprint_groups(ordered),
         "attribution": attribute(ordered),
+        "factor_attribution": attribute_factors(ordered),
         "cells": ordered,
     }
 

@@ -28,7 +28,7 @@ from pytest_rlkernel_matrix.judge.upstream import (
 from pytest_rlkernel_matrix.judge.verdict import Decision, Policy, contract_id, decide
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
-from pytest_rlkernel_matrix.spec.cells import Cases, Cell
+from pytest_rlkernel_matrix.spec.cells import Cases, Cell, FactorPoint
 from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
@@ -49,13 +49,18 @@ METRIC_FIELDS = (
 
 def cell_from_dict(data: Mapping[str, Any]) -> Cell:
     cases = data["cases"]
+    factor = data.get("factor")
     return Cell(str(data["hardware"]), str(data["module"]), str(data["case"]),
-                Cases(cases["attention"], cases["ffn"], cases["logp"], cases.get("comm", "")))
+                Cases(cases["attention"], cases["ffn"], cases["logp"], cases.get("comm", "")),
+                FactorPoint.from_dict(factor) if isinstance(factor, Mapping) else None)
 
 
 def cell_to_dict(cell: Cell) -> dict[str, Any]:
-    return {"hardware": cell.hardware, "module": cell.module, "case": cell.case,
-            "cases": cell.cases.as_dict()}
+    out = {"hardware": cell.hardware, "module": cell.module, "case": cell.case,
+           "cases": cell.cases.as_dict()}
+    if cell.factor is not None:
+        out["factor"] = cell.factor.as_dict()
+    return out
 
 
 def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
@@ -279,6 +284,7 @@ def build_record(
         "requested_case": cell.cases.of(cell.module) if cell.module in ALL_MODULES else cell.case,
         "cases": cell.cases.as_dict(),
         "baseline": cell.is_baseline,
+        "factor": None if cell.factor is None else cell.factor.as_dict(),
         "run_key": cell.run_key,
         "run_id": meta.get("run_id"),
         "artifact_dir": meta.get("artifact_dir"),
@@ -366,6 +372,7 @@ def not_run_record(cell: Cell, mode: str, reason: str, verdict: str) -> dict[str
         "cases": cell.cases.as_dict(), "baseline": cell.is_baseline, "run_key": cell.run_key,
         "mode": mode, "verdict": verdict, "reasons": [reason], "failed": False,
         "artifact_dir": None, "run_id": None,
+        "factor": None if cell.factor is None else cell.factor.as_dict(),
     }
 
 

@@ -20,14 +20,16 @@ Layouts, and when each is enough:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, MODULES
 
 if TYPE_CHECKING:
-    from pytest_rlkernel_matrix.spec.matrix import MatrixSection
+    from pytest_rlkernel_matrix.spec.matrix import Factor, MatrixSection
+
+FACTOR_MODULE = "factor"  # the `module` of a factor cell (it varies a factor, not a module)
 
 _ABBREV = {"attention": "A", "ffn": "F", "logp": "L", "comm": "C"}
 
@@ -74,22 +76,54 @@ class Cases:
 
 
 @dataclass(frozen=True)
+class FactorPoint:
+    """The factor variant a factor cell runs: env and arguments added to the cell command."""
+
+    name: str
+    variant: str
+    baseline: str
+    env: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()
+    expect: str = "invariant"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "variant": self.variant, "baseline": self.baseline,
+                "env": dict(self.env), "args": list(self.args), "expect": self.expect}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FactorPoint:
+        return cls(str(data["name"]), str(data["variant"]), str(data["baseline"]),
+                   tuple(sorted((str(k), str(v)) for k, v in dict(data.get("env") or {}).items())),
+                   tuple(str(a) for a in data.get("args") or ()),
+                   str(data.get("expect") or "invariant"))
+
+
+@dataclass(frozen=True)
 class Cell:
-    """One test item: a hardware profile, the module (axis) it varies and the case label."""
+    """One test item: a hardware profile, the module (axis) it varies and the case label.
+
+    A factor cell (`factor` set) runs every module at `case` with one factor variant applied;
+    its module is `factor` and its name `factor-<name>-<variant>-<case>`."""
 
     hardware: str
     module: str
     case: str
     cases: Cases
+    factor: FactorPoint | None = None
 
     @property
     def name(self) -> str:
+        if self.factor is not None:
+            return self.slug
         return f"{self.module}[{self.case}]"
 
     @property
     def slug(self) -> str:
         """Directory name under `<matrix-root>/<hardware>/`, e.g. `attention-pr`."""
-        return f"{self.module}-{self.case.replace('/', '').lower()}"
+        case = self.case.replace('/', '').lower()
+        if self.factor is not None:
+            return f"factor-{self.factor.name}-{self.factor.variant}-{case}"
+        return f"{self.module}-{case}"
 
     @property
     def id(self) -> str:
@@ -97,11 +131,23 @@ class Cell:
 
     @property
     def is_baseline(self) -> bool:
-        return self.cases.is_baseline
+        return self.factor is None and self.cases.is_baseline
 
     @property
     def run_key(self) -> str:
-        return f"{self.hardware}/{self.cases.key}"
+        key = f"{self.hardware}/{self.cases.key}"
+        if self.factor is not None:
+            key += f"~{self.factor.name}={self.factor.variant}"
+        return key
+
+    def baseline_cell(self, layout_cells: Sequence[Cell] = ()) -> Cell:
+        """A factor cell's baseline: the unmodified run with every module at the same case (a
+        cell of the layout when one runs it, else a cell named `factor-baseline[<case>]`)."""
+        for cell in layout_cells:
+            if (cell.factor is None and cell.hardware == self.hardware
+                    and cell.cases == self.cases):
+                return cell
+        return Cell(self.hardware, "factor-baseline", self.case, self.cases)
 
 
 def _with(fixed: str, with_comm: bool, **changed: str) -> Cases:
@@ -158,6 +204,24 @@ def expand(
         native = Cases("P/P", "P/P", "P/P", "P/P" if comm else "")
         points = [(m, c, native if (c == "P/P" or cs.is_native) else cs) for m, c, cs in points]
     return [Cell(hw, module, case, cases) for hw in hardware for module, case, cases in points]
+
+
+def expand_factors(factors: Mapping[str, Factor], section: MatrixSection,
+                   hardware: Sequence[str]) -> list[Cell]:
+    """One cell per (hardware, factor, variant, case): every module at the case, in file order.
+
+    The default matrix has none; a declared factor adds its cells after the layout's."""
+    with_comm = "comm" in section.modules
+    out: list[Cell] = []
+    for hw in hardware:
+        for name, factor in factors.items():
+            for variant, v in factor.variants.items():
+                point = FactorPoint(name, variant, factor.baseline, tuple(sorted(v.env.items())),
+                                    tuple(v.args), factor.expect)
+                for case in factor.cases:
+                    cases = Cases(case, case, case, case if with_comm else "")
+                    out.append(Cell(hw, FACTOR_MODULE, case, cases, point))
+    return out
 
 
 def canonical_cells(cells: Sequence[Cell]) -> dict[str, Cell]:

@@ -376,6 +376,94 @@ class ReproducibilitySection(_Strict):
                       "runs twice and the run_to_run_bitwise claim is judged")
 
 
+FactorExpect = Literal["invariant", "logprob_drift", "weight_drift"]
+_RESERVED_ENV = ("RL_KERNEL_",)
+
+
+class FactorVariant(_Strict):
+    """One variant of a factor: env and/or arguments added to the cell command."""
+
+    env: dict[str, str] = Field(default_factory=dict, description="set in the cell's env")
+    args: tuple[str, ...] = Field(default=(), description="appended to the cell command")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.startswith(_RESERVED_ENV) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(
+                    f"{key!r}: a factor may not set the RL-Kernel contract (RL_KERNEL_*) and "
+                    "env names are letters, digits and '_'")
+        return value
+
+    @property
+    def overrides(self) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+        return tuple(sorted(self.env.items())), self.args
+
+
+class Factor(_Strict):
+    """`[factors.<name>]`: a framework factor crossed with kernel cases (see docs factors.md).
+
+    `baseline` names the unmodified cell (the matrix's own run of that case); each variant
+    changes env/arguments of the cell command. `expect` says what the factor may change:
+    `invariant` (nothing: the cell is held to the same contract as its baseline),
+    `logprob_drift` (what the rollout reports: the train/rollout drift is measured and
+    attributed, not held to the contract), `weight_drift` (the weights the rollout holds: the
+    weight audits may differ between the sides, and the drift is measured).
+    """
+
+    baseline: str = Field(description="the name of the unmodified variant")
+    variants: dict[str, FactorVariant]
+    cases: tuple[Case, ...] = ("R/R",)
+    expect: FactorExpect = "invariant"
+    description: str = ""
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _cases(cls, value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            return tuple(normalize_case(v) for v in value)
+        return value
+
+    @field_validator("cases")
+    @classmethod
+    def _cases_unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("must name at least one case")
+        if len(set(value)) != len(value):
+            raise ValueError(f"entries must be unique, got {list(value)}")
+        return value
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, value: dict[str, FactorVariant]) -> dict[str, FactorVariant]:
+        if not value:
+            raise ValueError("declare at least one variant besides the baseline")
+        seen: dict[object, str] = {}
+        for name, variant in value.items():
+            if not _NAME_RE.match(name):
+                raise ValueError(f"variant name {name!r} must be lower-case letters, digits, "
+                                 "'.', '_' or '-'")
+            if not variant.env and not variant.args:
+                raise ValueError(f"variant {name!r} overrides nothing: it is equal to the "
+                                 "baseline (give env and/or args)")
+            if variant.overrides in seen:
+                raise ValueError(f"variant {name!r} has the same overrides as variant "
+                                 f"{seen[variant.overrides]!r}")
+            seen[variant.overrides] = name
+        return value
+
+    @model_validator(mode="after")
+    def _baseline_name(self) -> Factor:
+        if not _NAME_RE.match(self.baseline):
+            raise ValueError(f"baseline {self.baseline!r} must be lower-case letters, digits, "
+                             "'.', '_' or '-'")
+        if self.baseline in self.variants:
+            raise ValueError(f"variant {self.baseline!r} has the baseline's name: the baseline "
+                             "is the unmodified cell, a variant must differ from it")
+        return self
+
+
 class MatrixFile(_Strict):
     """The whole `matrix.toml`."""
 
@@ -386,6 +474,18 @@ class MatrixFile(_Strict):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     reproducibility: ReproducibilitySection = Field(default_factory=ReproducibilitySection)
     hardware: dict[str, HardwareProfile]
+    factors: dict[str, Factor] = Field(
+        default_factory=dict,
+        description="[factors.<name>]: framework factors crossed with kernel cases")
+
+    @field_validator("factors")
+    @classmethod
+    def _factor_names(cls, value: dict[str, Factor]) -> dict[str, Factor]:
+        for name in value:
+            if not _NAME_RE.match(name):
+                raise ValueError(
+                    f"factor name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
+        return value
 
     @model_validator(mode="after")
     def _comm_needs_tp(self) -> MatrixFile:

@@ -43,6 +43,7 @@ from pytest_rlkernel_matrix.workload.env import (
 
 from . import rl
 from .artifacts import Rollout, write_json, write_probes, write_sidecar
+from .factors import Factors, processed_selected
 from .graphs import DecodeRunner
 from .kernels import (
     MODULES,
@@ -165,25 +166,35 @@ def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideK
 # The RL step.
 
 
-def sample_top_p(logprobs: Tensor, top_p: float, gen: torch.Generator) -> Tensor:
-    """Sample one token per row from temperature-scaled ``logprobs [B, V]`` with nucleus top-p."""
+def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
+    """Sample one token per row from temperature-scaled ``logprobs [B, V]`` with nucleus top-p.
+
+    ``u [B]``: one uniform number per row, drawn per (sample, position) before the rollout, so
+    a row's token depends on its own logprobs only, never on the batch it decodes in."""
     probs = logprobs.exp()
     sorted_p, idx = probs.sort(dim=-1, descending=True)
     keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
-    sorted_p = sorted_p * keep
-    choice = torch.multinomial(sorted_p, 1, generator=gen)
-    return idx.gather(-1, choice)[:, 0]
+    cdf = (sorted_p * keep).cumsum(-1)
+    choice = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None].contiguous())
+    return idx.gather(-1, choice.clamp(max=cdf.shape[-1] - 1))[:, 0]
 
 
 def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: list[int],
                 temperature: float, top_p: float, gen: torch.Generator,
-                graphs: bool = False, ignore_eos: bool = False) -> Rollout:
+                graphs: bool = False, ignore_eos: bool = False, noise: Tensor | None = None,
+                processed: bool = False) -> Rollout:
     """vLLM-style generation: per-prompt prefill, then batched decode that shrinks.
 
     ``graphs``: decode steps replay CUDA/HIP graphs at fixed batch buckets (``graphs.py``).
     Under TP every rank samples from the same gathered logprobs with the same seed, so every
-    rank holds the same tokens (vLLM samples once and broadcasts; the result is the same)."""
+    rank holds the same tokens (vLLM samples once and broadcasts; the result is the same).
+    ``noise [n, max_new]``: the sampling uniforms (default: drawn from ``gen``); ``processed``:
+    report logprobs after top-p renormalization (``factors.py``)."""
     dev = prompts[0].device
+    if noise is None:
+        noise = torch.rand((len(prompts), max(max_new)), generator=gen, device=gen.device)
+    noise = noise.to(dev)
+    step_i = 0
     eos = -1 if ignore_eos else model.cfg.eos_token_id
     lengths = torch.tensor([p.numel() for p in prompts], device=dev)
     width = int(lengths.max())
@@ -208,8 +219,11 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
     lp = model.logprobs(k, h, temperature)
     while True:
         with record_function("rlk.sample"):
-            tok = sample_top_p(lp, top_p, gen)
-            sel = lp.gather(-1, tok[:, None])[:, 0].float().cpu().tolist()
+            tok = sample_top_p(lp, top_p, noise[active, step_i])
+            chosen = (processed_selected(lp, tok, top_p) if processed
+                      else lp.gather(-1, tok[:, None])[:, 0])
+            sel = chosen.float().cpu().tolist()
+            step_i += 1
         done = []
         for i, t, s in zip(active.tolist(), tok.tolist(), sel, strict=True):
             out_tok[i].append(t)
@@ -390,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         env = Env.from_environ()
         drill = FaultDrill.from_env()
+        Factors.from_env()  # a bad factor value is a usage error before anything starts
         if "comm" in env.modules and args.tp < 2:
             raise UsageError(f"RL_KERNEL_COMM_CASE={env.cases['comm']} needs tensor parallelism "
                              f"(tp >= 2; got tp={args.tp}): with one TP rank there is no "
@@ -459,6 +474,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                 "fingerprint_method": "deterministic init from seed"}
 
     routes = {s: resolve_route(env, s, drill, platform) for s in SIDES}
+    factors = Factors.from_env()
     tiling = Tiling.for_device(device, max_seq)
     # One rank: the batch-invariant Triton kernels and decode graphs on a GPU. Several ranks: the
     # torch R path (Triton kernels compute unsharded outputs) and eager decode (no collectives
@@ -492,6 +508,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                      "prompt_len": [args.min_prompt_len, args.max_prompt_len],
                      "eos_token_id": cfg.eos_token_id},
         "micro_batch_size": micro_batch, "max_seq_len": max_seq, "steps": args.steps,
+        "factors": factors.as_dict(),
         "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
         "r_backend": backend, "decode_graphs": graphs and not probe.enabled,
         "probe": {"enabled": probe.enabled, "budget": probe.budget,
@@ -591,12 +608,13 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction"}
     nonce = rl.run_nonce() if drill and drill.kind == "nondeterministic" else 0
     version, audited = 0, -1
+    previous_w: dict[str, Tensor] | None = None  # the weight version before this step's
     for step in range(args.steps):
         if drill and drill.kind == "drift_growth":
             kernels[drill.side].module(drill.module).drift = step * rl.DRIFT_STEP
         sync(device)
         t0 = time.perf_counter()
-        rollout_w = {n: t.detach().clone() for n, t in train_w.items()}  # the engine's storage
+        rollout_w = factors.sync_weights({n: t.detach() for n, t in train_w.items()}, previous_w)
         if drill and drill.kind == "corrupt_weight":
             w = rollout_w["model.layers.0.mlp.down_proj.weight"]
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
@@ -611,11 +629,13 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2 + step)
         t1 = time.perf_counter()
         with torch.inference_mode():
-            ro = run_rollout(rollout_model, kernels["rollout"], prompts, max_new,
-                             args.temperature, args.top_p, samp_gen, graphs, args.ignore_eos)
+            ro = factors.rollout(run_rollout, rollout_model, kernels["rollout"], prompts,
+                                 max_new, args.temperature, args.top_p, samp_gen, graphs,
+                                 args.ignore_eos)
         if step == 0 or ro.execution_mode == "eager":  # graphs only if every step had them
             modes["rollout"] = ro.execution_mode
         if step == 0 and grid.rank == 0:
+            print("\n".join(factors.lines()))
             print(f"[rlk-reference] rollout decode execution_mode={ro.execution_mode} "
                   f"r_backend={backend}" + (f" reason={ro.fallback_reason}"
                                             if ro.fallback_reason else ""))
@@ -664,6 +684,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
             "perf/actor_train_tok_per_s": round(active / t_train, 3),
             "perf/tokens_per_sec": round(active / t_step, 3),
             "perf/peak_memory_bytes": peak}))
+        previous_w = factors.keep_previous({n: t.detach() for n, t in train_w.items()})
         sys.stdout.flush()
     write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)

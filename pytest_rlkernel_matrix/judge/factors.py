@@ -1,0 +1,148 @@
+"""A factor cell against its baseline cell: the same prompts and seed, one factor changed.
+
+`compare_runs` reads both run directories (`evidence.read_evidence`) and reports, per pair of
+samples (rank, sample index): were the sampled tokens the same, and on the positions both
+rollouts reached with the same tokens, how many rollout (and training) logprobs differ. It also
+carries each cell's own train/rollout drift, whether the two sides' weight audits agree, and
+what the workload says the factor did (`manifest.json` `factors`). The words are made in
+`report.attribution`; nothing here decides a verdict.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_rlkernel_matrix.judge.evidence import Evidence, read_evidence
+from pytest_rlkernel_matrix.judge.metrics import Sample
+from pytest_rlkernel_matrix.spec.cells import Cell
+
+JUDGED_BASELINE = ("valid", "contract_mismatch")
+
+
+def weight_note(cell: Cell | None, version: str, shown: str, differ: bool) -> str:
+    """For a cell whose factor changes the rollout's weights: what its weight audits say
+    (differing audits are the factor's doing, equal ones say it did nothing); else ''."""
+    f = cell.factor if cell is not None else None
+    if f is None or f.expect != "weight_drift":
+        return ""
+    varies = f"{f.name}={f.variant}"
+    return f"weight version {version}: " + (
+        f"sides hold different weights ({shown}): expected, this cell varies {varies}"
+        if differ else f"both sides hold the same weights: {varies} did not change them")
+
+
+def weight_reasons(cell: Cell | None, reasons: list[str]) -> list[tuple[bool, str]]:
+    """(fails, text) per weight-audit reason: differing weights in a weight-sync factor cell are
+    the factor's doing (a note), everything else fails the semantic judgement."""
+    out = []
+    for reason in reasons:
+        hit = re.match(r"weight version (\S+): sides hold different weights \((.*)\)$", reason)
+        note = weight_note(cell, hit.group(1), hit.group(2), True) if hit else ""
+        out.append((not note, note or reason))
+    return out
+
+
+def factor_contract(cell: Cell) -> dict[str, Any] | None:
+    """A factor cell whose factor may change the drift has no contract (None: judged as usual)."""
+    f = cell.factor
+    if f is None or f.expect == "invariant":
+        return None
+    return {"kind": "none", "sources": {}, "problems": [],
+            "why": f"this cell varies {f.name}={f.variant} (expect {f.expect}): its "
+                   "train/rollout drift is measured and attributed against the baseline "
+                   "cell, not held to a contract"}
+
+
+def _drift(ev: Evidence) -> dict[str, Any] | None:
+    m = ev.metrics
+    if m is None:
+        return None
+    return {"mismatch_count": m.mismatch_count, "active_token_count": m.active_token_count,
+            "logprob_abs_diff_max": m.logprob_abs_diff_max,
+            "logprob_abs_diff_mean": m.logprob_abs_diff_mean}
+
+
+def _weights_differ(ev: Evidence) -> bool | None:
+    if not ev.weight_versions:
+        return None
+    return any(len(set(by.values())) > 1 for by in ev.weight_versions.values())
+
+
+def _common_prefix(a: Sample, b: Sample) -> tuple[int, bool | None]:
+    """Response positions both rollouts reached with the same tokens, and whether all tokens
+    (prompt and response) are equal (None: a sidecar carries no tokens)."""
+    n = min(a.rollout.size, b.rollout.size)
+    if a.tokens is None or b.tokens is None:
+        return (n if a.rollout.size == b.rollout.size else 0), None
+    equal = a.tokens.shape == b.tokens.shape and bool(np.array_equal(a.tokens, b.tokens))
+    ra, rb = a.tokens[a.tokens.size - a.rollout.size:], b.tokens[b.tokens.size - b.rollout.size:]
+    pa, pb = a.tokens[:a.tokens.size - a.rollout.size], b.tokens[:b.tokens.size - b.rollout.size]
+    if not np.array_equal(pa, pb):
+        return 0, False
+    diff = np.nonzero(ra[:n] != rb[:n])[0]
+    # position j's logprob is of token j: comparable while tokens 0..j agree
+    return (int(diff[0]) if diff.size else n), equal
+
+
+def compare_samples(own: list[Sample], base: list[Sample]) -> dict[str, Any]:
+    """Token and logprob differences between two runs' samples, paired by (rank, sample)."""
+    by_key = {(s.rank, s.sample): s for s in base}
+    out: dict[str, Any] = {"samples": 0, "unpaired_samples": 0, "samples_tokens_differ": 0,
+                           "compared_logprobs": 0, "rollout_logprobs_differ": 0,
+                           "train_logprobs_differ": 0, "rollout_max_abs_diff": 0.0,
+                           "tokens_known": True}
+    for s in own:
+        b = by_key.get((s.rank, s.sample))
+        if b is None:
+            out["unpaired_samples"] += 1
+            continue
+        out["samples"] += 1
+        n, equal = _common_prefix(s, b)
+        if equal is None:
+            out["tokens_known"] = False
+        elif not equal:
+            out["samples_tokens_differ"] += 1
+        mask = (s.mask[:n] != 0) & (b.mask[:n] != 0)
+        ra, rb = s.rollout[:n][mask], b.rollout[:n][mask]
+        ta, tb = s.train[:n][mask], b.train[:n][mask]
+        out["compared_logprobs"] += int(mask.sum())
+        out["rollout_logprobs_differ"] += int(np.count_nonzero(ra != rb))
+        out["train_logprobs_differ"] += int(np.count_nonzero(ta != tb))
+        if ra.size:
+            d = np.abs(ra.astype(np.float64) - rb.astype(np.float64))
+            out["rollout_max_abs_diff"] = max(out["rollout_max_abs_diff"], float(np.max(d)))
+    out["unpaired_samples"] += max(0, len(base) - out["samples"])
+    out["tokens_equal"] = (out["samples_tokens_differ"] == 0 and out["tokens_known"]
+                           and out["unpaired_samples"] == 0)
+    return out
+
+
+def compare_runs(own_dir: Path | None, base_dir: Path | None,
+                 base_record: Mapping[str, Any]) -> dict[str, Any]:
+    """The factor cell's comparison with its baseline cell (`judged` False says why not)."""
+    verdict = base_record.get("verdict")
+    out: dict[str, Any] = {"judged": False, "baseline_verdict": verdict,
+                           "baseline_artifact_dir": base_record.get("artifact_dir")}
+    if own_dir is None or base_dir is None or verdict not in JUDGED_BASELINE:
+        why = "; ".join(str(r) for r in (base_record.get("reasons") or [])[:1])
+        out["why"] = (f"not judged: baseline cell not run ({verdict}"
+                      + (f": {why}" if why else "") + ")")
+        return out
+    own, base = read_evidence(own_dir), read_evidence(base_dir)
+    manifest = own.manifest or {}
+    factors = manifest.get("factors")
+    out.update(own_drift=_drift(own), baseline_drift=_drift(base),
+               own_weights_differ=_weights_differ(own),
+               baseline_weights_differ=_weights_differ(base),
+               workload_factors=factors if isinstance(factors, dict) else None)
+    if not own.samples or not base.samples:
+        which = "factor" if not own.samples else "baseline"
+        out["why"] = f"not judged: the {which} cell holds no logprob samples"
+        return out
+    out.update(compare_samples(own.samples, base.samples), judged=True)
+    return out

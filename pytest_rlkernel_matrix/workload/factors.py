@@ -1,0 +1,140 @@
+"""Framework factors of the reference workload, switched by env (see docs/en/factors.md).
+
+- ``RLK_REF_ROLLOUT_BATCH`` = ``all`` (default) | N: how many sequences the rollout decodes
+  together (prompts go in chunks of N, in sample order; the training micro-batch is unchanged).
+  Sampling noise is drawn per (sample, position) before the rollout, so the same prompt draws
+  the same token whatever batch it decodes in: only the kernels can make a difference.
+- ``RLK_REF_SAMPLING`` = ``raw`` (default) | ``processed``: the logprob the rollout reports for a
+  sampled token, the raw temperature-scaled log-softmax (what training recomputes) or the one
+  after top-p processing, renormalized over the kept tokens (vLLM's
+  ``logprobs_mode=processed_logprobs``). Sampling itself is the same.
+- ``RLK_REF_WEIGHT_SYNC`` = ``exact`` (default) | ``bf16`` | ``stale``: how weights reach the
+  rollout: a copy, a bfloat16 round trip (no change when the model dtype is bfloat16 already:
+  the manifest says so), or the previous weight version (once steps update weights; while
+  there is a single version there is nothing older, and the manifest says the factor could not
+  act).
+
+What each factor did is written to ``manifest.json`` under ``factors`` and printed as one
+``[rlk-reference][factor]`` line per factor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pytest_rlkernel_matrix.workload.env import UsageError
+
+SAMPLING = ("raw", "processed")
+WEIGHT_SYNC = ("exact", "bf16", "stale")
+
+
+@dataclass
+class Factors:
+    """The factor settings of this process, and what each one did."""
+
+    rollout_batch: int | None = None  # None = all sequences together
+    sampling: str = "raw"
+    weight_sync: str = "exact"
+    effect: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> Factors:
+        e = os.environ
+        raw_batch = e.get("RLK_REF_ROLLOUT_BATCH", "all").strip().lower() or "all"
+        if raw_batch == "all":
+            batch = None
+        elif raw_batch.isdigit() and int(raw_batch) >= 1:
+            batch = int(raw_batch)
+        else:
+            raise UsageError(f"RLK_REF_ROLLOUT_BATCH={raw_batch!r}: expected 'all' or an int >= 1")
+        sampling = e.get("RLK_REF_SAMPLING", "raw").strip().lower() or "raw"
+        if sampling not in SAMPLING:
+            raise UsageError(f"RLK_REF_SAMPLING={sampling!r}: expected one of {SAMPLING}")
+        sync = e.get("RLK_REF_WEIGHT_SYNC", "exact").strip().lower() or "exact"
+        if sync not in WEIGHT_SYNC:
+            raise UsageError(f"RLK_REF_WEIGHT_SYNC={sync!r}: expected one of {WEIGHT_SYNC}")
+        out = cls(batch, sampling, sync)
+        out.effect = {
+            "rollout_batch": {"value": raw_batch, "applied": None},
+            "sampling": {"value": sampling, "applied": sampling != "raw",
+                         "note": "reported logprobs after temperature + top-p renormalization"
+                         if sampling == "processed" else "raw temperature-scaled log-softmax"},
+            "weight_sync": {"value": sync, "applied": None},
+        }
+        return out
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return self.effect
+
+    def lines(self) -> list[str]:
+        return [f"[rlk-reference][factor] name={name} value={e['value']} "
+                f"applied={str(e['applied']).lower()}" + (f" note={e['note']}" if e.get("note")
+                                                          else "")
+                for name, e in self.effect.items()]
+
+    # -- weight sync ----------------------------------------------------------------------------
+    def sync_weights(self, train_w: dict[str, Tensor],
+                     previous: dict[str, Tensor] | None) -> dict[str, Tensor]:
+        """The rollout engine's own copy of the weights, as this factor delivers it."""
+        effect = self.effect["weight_sync"]
+        if self.weight_sync == "bf16":
+            changed = any(t.dtype != torch.bfloat16 for t in train_w.values())
+            effect.update(applied=changed, note="bf16 round trip of every weight" if changed else
+                          "weights are bfloat16 already: the round trip changes nothing")
+            return {n: t.to(torch.bfloat16).to(t.dtype) for n, t in train_w.items()}
+        if self.weight_sync == "stale":
+            older = previous is not None and any(
+                not torch.equal(previous[n], t) for n, t in train_w.items())
+            if older and previous is not None:
+                effect.update(applied=True, note="rollout holds the previous weight version")
+                return {n: t.clone() for n, t in previous.items()}
+            if not effect.get("applied"):
+                effect.update(applied=False, note="one weight version so far: there is no "
+                              "older version to sync, the factor could not act")
+            return {n: t.clone() for n, t in train_w.items()}
+        effect.update(applied=False if self.weight_sync == "exact" else effect["applied"])
+        return {n: t.clone() for n, t in train_w.items()}
+
+    def keep_previous(self, train_w: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """What ``stale`` needs of this step's weights for the next one (None otherwise)."""
+        return {n: t.clone() for n, t in train_w.items()} if self.weight_sync == "stale" else None
+
+    # -- rollout batch --------------------------------------------------------------------------
+    def rollout(self, run: Callable[..., Any], model: Any, k: Any, prompts: list[Tensor],
+                max_new: list[int], temperature: float, top_p: float, gen: torch.Generator,
+                graphs: bool, ignore_eos: bool) -> Any:
+        """``run`` (``job.run_rollout``) over chunks of ``rollout_batch`` prompts, joined."""
+        noise = torch.rand((len(prompts), max(max_new)), generator=gen, device=gen.device)
+        processed = self.sampling == "processed"
+        n = len(prompts)
+        size = n if self.rollout_batch is None else min(self.rollout_batch, n)
+        self.effect["rollout_batch"].update(applied=size < n, note=f"{size} of {n} sequences "
+                                            "decode together")
+        parts = [run(model, k, prompts[s:s + size], max_new[s:s + size], temperature, top_p,
+                     gen, graphs, ignore_eos, noise=noise[s:s + size], processed=processed)
+                 for s in range(0, n, size)]
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        for p in parts[1:]:
+            first.tokens += p.tokens
+            first.prompt_lengths += p.prompt_lengths
+            first.logprobs += p.logprobs
+            if p.execution_mode == "eager":
+                first.execution_mode, first.fallback_reason = "eager", p.fallback_reason
+        return first
+
+
+def processed_selected(logprobs: Tensor, tokens: Tensor, top_p: float) -> Tensor:
+    """Logprob of ``tokens`` after top-p: renormalized over the nucleus kept for sampling."""
+    sorted_lp, _ = logprobs.sort(dim=-1, descending=True)
+    sorted_p = sorted_lp.exp()
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+    log_z = torch.logsumexp(sorted_lp.masked_fill(~keep, float("-inf")), dim=-1)
+    return logprobs.gather(-1, tokens[:, None])[:, 0] - log_z
