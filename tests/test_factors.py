@@ -130,7 +130,9 @@ def test_factor_cells_on_cpu(pytester: pytest.Pytester, tmp_path: Path) -> None:
     cells = {c["artifact_dir"].split("/")[-1]: c for c in report["cells"]}
     one_rr = cells["factor-rollout_batch-one-rr"]["factor"]["comparison"]
     n = one_rr["compared_logprobs"]
-    assert n > 0 and one_rr["rollout_logprobs_differ"] == 0 and one_rr["tokens_equal"]
+    # RL-Kernel's sidecars carry no token ids (issue 20): equal tokens are not knowable there
+    assert n > 0 and one_rr["rollout_logprobs_differ"] == 0 and one_rr["unpaired_samples"] == 0
+    assert one_rr["tokens_equal"] or not one_rr["tokens_known"]
     pp = cells["factor-rollout_batch-one-pp"]["factor"]["comparison"]
     k = pp["rollout_logprobs_differ"]  # measured, whatever it is on this CPU
     tail = (f"; P/P is not ({k} of {pp['compared_logprobs']}" if k or not pp["tokens_equal"]

@@ -90,14 +90,15 @@ def _common_prefix(a: Sample, b: Sample) -> tuple[int, bool | None]:
 
 
 def compare_samples(own: list[Sample], base: list[Sample]) -> dict[str, Any]:
-    """Token and logprob differences between two runs' samples, paired by (rank, sample)."""
-    by_key = {(s.rank, s.sample): s for s in base}
+    """Token and logprob differences between two runs' samples, paired by (step, rank, sample)
+    (one sidecar per rank per step)."""
+    by_key = {(s.call, s.rank, s.sample): s for s in base}
     out: dict[str, Any] = {"samples": 0, "unpaired_samples": 0, "samples_tokens_differ": 0,
                            "compared_logprobs": 0, "rollout_logprobs_differ": 0,
                            "train_logprobs_differ": 0, "rollout_max_abs_diff": 0.0,
                            "tokens_known": True}
     for s in own:
-        b = by_key.get((s.rank, s.sample))
+        b = by_key.get((s.call, s.rank, s.sample))
         if b is None:
             out["unpaired_samples"] += 1
             continue

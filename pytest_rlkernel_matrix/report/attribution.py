@@ -311,11 +311,14 @@ def _factor_case(rec: Mapping[str, Any]) -> tuple[str, bool | None]:
     if applied is False:
         return f"{case}: {name}={variant} could not act ({note or 'the workload says so'})", None
     n, k = c.get("compared_logprobs", 0), c.get("rollout_logprobs_differ", 0)
-    tok = ("" if c.get("tokens_equal") else
-           f", sampled tokens differ in {c.get('samples_tokens_differ')} of {c.get('samples')} "
-           "samples")
+    # RL-Kernel's sidecars carry no token ids: unknown tokens are said, never read as equal
+    known = c.get("tokens_known", True)
+    tok = ("" if c.get("tokens_equal") else ", sampled tokens not in the sidecars" if not known
+           else f", sampled tokens differ in {c.get('samples_tokens_differ')} of "
+           f"{c.get('samples')} samples")
+    paired = not c.get("unpaired_samples")
     if f.get("expect") == "invariant":
-        if k == 0 and c.get("tokens_equal"):
+        if k == 0 and paired and (c.get("tokens_equal") or not known):
             return (f"{case} is invariant to {name} ({variant} vs {f.get('baseline')}: "
                     f"0 of {n} logprobs differ)"), True
         return f"{case} is not ({k} of {n}{tok})", False
