@@ -26,6 +26,7 @@ from pytest_rlkernel_matrix.judge.sidecars import (
     Shard,
     SidecarError,
     SidecarRefused,
+    float_array,
     merge,
     read_sidecar,
 )
@@ -230,24 +231,6 @@ def _read_readback(ev: Evidence, path: Path) -> None:
             ev.capability.append({"side": side, "module": module, "source": path.name, **cap_op})
 
 
-def _np(value: Any, what: str) -> np.ndarray:
-    """A 1-D float tensor (or list) as a numpy array; bf16/fp16 widen to fp32 exactly."""
-    if hasattr(value, "detach"):
-        t = value.detach().cpu()
-        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
-            t = t.float()
-        arr = t.numpy()
-    elif isinstance(value, (list, tuple)):
-        arr = np.asarray(value, dtype=np.float64)
-    else:
-        raise ValueError(f"{what} is {type(value).__name__}, not a tensor")
-    if arr.ndim != 1:
-        raise ValueError(f"{what} is a {arr.ndim}-d tensor, expected 1-d")
-    if arr.dtype.kind not in "fiub":
-        raise ValueError(f"{what} has dtype {arr.dtype}, expected a float tensor")
-    return arr
-
-
 def _int(value: Any, what: str, *, default: int | None = None, minimum: int = 0) -> int:
     if value is None and default is not None:
         return default
@@ -352,7 +335,7 @@ def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
         lp, rlp = _seq(lp, "log_probs"), _seq(rlp, "rollout_log_probs")
         found: list[Sample] = []
         for i, (t, r) in enumerate(zip(lp, rlp, strict=False)):
-            ta, ra = _np(t, f"log_probs[{i}]"), _np(r, f"rollout_log_probs[{i}]")
+            ta, ra = float_array(t, f"log_probs[{i}]"), float_array(r, f"rollout_log_probs[{i}]")
             if ta.size != ra.size:
                 ev.sample_problems.append(f"{path.name}: sample {i} lengths differ")
                 continue

@@ -83,7 +83,7 @@ def _count(value: Any, what: str, minimum: int) -> int:
     return value
 
 
-def _array(value: Any, what: str) -> np.ndarray:
+def float_array(value: Any, what: str) -> np.ndarray:
     """A 1-D tensor (or list) as numpy; bf16/fp16 widen to fp32 exactly."""
     if hasattr(value, "detach"):
         t = value.detach().cpu()
@@ -171,7 +171,7 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
         resp = _count(lists["response_lengths"][i], f"response_lengths[{i}]", 1)  # type: ignore[index]
         if resp > total:
             raise SidecarError(f"sample {i}: response_lengths {resp} > total_lengths {total}")
-        full = _array(lists["loss_masks"][i], f"loss_masks[{i}]")  # type: ignore[index]
+        full = float_array(lists["loss_masks"][i], f"loss_masks[{i}]")  # type: ignore[index]
         if full.size != resp:
             raise SidecarError(f"sample {i}: full loss mask holds {full.size} values, "
                                f"response_lengths is {resp}")
@@ -179,8 +179,8 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
         shards.append(Shard(
             file=file, rank=info.rank, call=info.call, dp=dp, index=i, cp_rank=cp_rank, cp=info.cp,
             total=total, response=resp,
-            train=_array(lists["train_log_probs"][i], f"train_log_probs[{i}]"),  # type: ignore[index]
-            rollout=_array(lists["rollout_log_probs"][i], f"rollout_log_probs[{i}]"),  # type: ignore[index]
+            train=float_array(lists["train_log_probs"][i], f"train_log_probs[{i}]"),  # type: ignore[index]
+            rollout=float_array(lists["rollout_log_probs"][i], f"rollout_log_probs[{i}]"),  # type: ignore[index]
             mask=full.astype(bool)[offsets], offsets=offsets))
     return info, shards
 

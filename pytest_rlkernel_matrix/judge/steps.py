@@ -30,7 +30,7 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge import evidence as _ev
 from pytest_rlkernel_matrix.judge.metrics import compute
-from pytest_rlkernel_matrix.judge.sidecars import merge, read_sidecar
+from pytest_rlkernel_matrix.judge.sidecars import float_array, merge, read_sidecar
 from pytest_rlkernel_matrix.judge.stats import RESAMPLES, SEED
 from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, listing, read_bytes
 
@@ -231,7 +231,7 @@ def _first_sample(pa: Path, pb: Path, ra: Path, rb: Path) -> str:
     for key in ("train_log_probs", "rollout_log_probs", "tokens"):
         xa, xb = la[0].get(key) or [], lb[0].get(key) or []
         for i, (u, w) in enumerate(zip(xa, xb, strict=False)):
-            if _ev._np(u, key).tobytes() != _ev._np(w, key).tobytes():
+            if float_array(u, key).tobytes() != float_array(w, key).tobytes():
                 return str(i)
         if len(xa) != len(xb):
             return str(min(len(xa), len(xb)))
