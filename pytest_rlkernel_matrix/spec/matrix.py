@@ -25,6 +25,15 @@ _CASE_RE = re.compile(r"^[PR]/[PR]$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
+
+def unique_entries(value: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A non-empty list of distinct names (`[matrix] modules/cases`, a factor's `cases`)."""
+    if not value:
+        raise ValueError(f"must name at least one {what}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"entries must be unique, got {list(value)}")
+    return value
+
 class MatrixFileError(Exception):
     """A matrix file that cannot be used; the message names the file and the key path."""
 
@@ -130,11 +139,7 @@ class MatrixSection(_Strict):
     @field_validator("modules", "cases")
     @classmethod
     def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise ValueError("must name at least one entry")
-        if len(set(value)) != len(value):
-            raise ValueError(f"entries must be unique, got {list(value)}")
-        return value
+        return unique_entries(value, "entry")
 
     @model_validator(mode="after")
     def _baseline(self) -> MatrixSection:
@@ -428,11 +433,7 @@ class Factor(_Strict):
     @field_validator("cases")
     @classmethod
     def _cases_unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise ValueError("must name at least one case")
-        if len(set(value)) != len(value):
-            raise ValueError(f"entries must be unique, got {list(value)}")
-        return value
+        return unique_entries(value, "case")
 
     @field_validator("variants")
     @classmethod
