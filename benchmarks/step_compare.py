@@ -10,7 +10,9 @@ mismatch count over the active tokens, and the rollout's readback ``execution_mo
         --max-new-tokens 16 --steps 2                                # a CPU smoke run
 
 Configurations: ``R`` (all modules R/R), ``P`` (all P/P), ``P-eager`` (all P/P with the decode
-graphs off: the pre-graph P rollout), ``R-eager`` (R/R, graphs off). Raw logs stay under --out.
+graphs off: the pre-graph P rollout), ``R-eager`` (R/R, graphs off), ``P-unfused`` and
+``R-sort`` (``RLK_REF_FAST=0``: the sort-based top-p sampler and P's earlier unfused CUDA
+paths). Raw logs stay under --out.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ CONFIGS = {
     "P": ("P/P", {}),
     "P-eager": ("P/P", {"RLK_REF_DECODE_GRAPHS": "0"}),
     "R-eager": ("R/R", {"RLK_REF_DECODE_GRAPHS": "0"}),
+    "P-unfused": ("P/P", {"RLK_REF_FAST": "0"}),  # sort-based sampler, unfused P CUDA paths
+    "R-sort": ("R/R", {"RLK_REF_FAST": "0"}),  # the sort-based sampler under R
 }
 ROOT = Path(__file__).resolve().parents[1]
 

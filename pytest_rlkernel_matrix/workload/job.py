@@ -72,6 +72,7 @@ from .parallel import (
     zigzag_index,
 )
 from .probe import PERTURB_FACTOR, ProbeRequest
+from .sampling import SORT_FREE, sample_top_p
 from .upstream import (
     manifest_fields,
     native_logp_marker,
@@ -164,19 +165,6 @@ def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideK
 
 # ---------------------------------------------------------------------------------------------
 # The RL step.
-
-
-def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
-    """Sample one token per row from temperature-scaled ``logprobs [B, V]`` with nucleus top-p.
-
-    ``u [B]``: one uniform number per row, drawn per (sample, position) before the rollout, so
-    a row's token depends on its own logprobs only, never on the batch it decodes in."""
-    probs = logprobs.exp()
-    sorted_p, idx = probs.sort(dim=-1, descending=True)
-    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
-    cdf = (sorted_p * keep).cumsum(-1)
-    choice = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None].contiguous())
-    return idx.gather(-1, choice.clamp(max=cdf.shape[-1] - 1))[:, 0]
 
 
 def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: list[int],
@@ -511,6 +499,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "factors": factors.as_dict(),
         "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
         "r_backend": backend, "decode_graphs": graphs and not probe.enabled,
+        "fast_paths": SORT_FREE,
         "probe": {"enabled": probe.enabled, "budget": probe.budget,
                   "positions": [list(p) for p in probe.positions],
                   "directory": str(probe.directory) if probe.enabled else None,

@@ -45,6 +45,10 @@ from torch import Tensor
 from .parallel import Group, fixed_order_sum
 from .weights import AttnInputs, LayerWeights
 
+# P's fused CUDA paths (flash/cuDNN SDPA with in-kernel GQA, fused RMSNorm); RLK_REF_FAST=0 keeps
+# the earlier unfused P so benchmarks/step_compare.py can measure both side by side.
+FAST_P = os.environ.get("RLK_REF_FAST", "1") != "0"
+
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from types import ModuleType
@@ -245,6 +249,8 @@ class ModuleKernel:
 
     def _p_norm(self, x: Tensor, w: Tensor) -> Tensor:
         """Native RMSNorm: Megatron/TE fused fp32 epilogue vs vLLM's cast-then-scale."""
+        if x.is_cuda and FAST_P and self.framework == "megatron":  # one fused kernel, fp32 inside
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.framework == "megatron":
@@ -364,6 +370,9 @@ class AttentionKernel(ModuleKernel):
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), kf.transpose(1, 2).repeat_interleave(g, 1),
                 vf.transpose(1, 2).repeat_interleave(g, 1), attn_mask=mask[:, None])
+        elif (inp.cache is None or t > 1) and x.is_cuda and FAST_P:  # flash/cuDNN, GQA in-kernel
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=True, enable_gqa=True)
         elif inp.cache is None or t > 1:  # training full sequence / rollout prefill: causal
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1),

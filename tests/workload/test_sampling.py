@@ -1,0 +1,44 @@
+"""The sort-free nucleus sampler against the sort-based rule (workload/sampling.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pytest_rlkernel_matrix.workload import sampling  # noqa: E402
+
+
+def _rows(seed: int, b: int, v: int, scale: float = 2.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(b, v, generator=g) * scale, -1)
+
+
+def test_same_nucleus_and_frequencies_as_the_sorted_rule() -> None:
+    n, v = 100_000, 40
+    lp = _rows(0, 1, v).expand(n, v).contiguous()
+    u = torch.rand(n, generator=torch.Generator().manual_seed(1))
+    new = torch.bincount(sampling.sample_top_p(lp, 0.9, u), minlength=v).double() / n
+    old = torch.bincount(sampling._sorted_top_p(lp.exp(), 0.9, u), minlength=v).double() / n
+    assert torch.equal(new > 0, old > 0)  # the same nucleus
+    assert 1 < int((new > 0).sum()) < v
+    assert float((new - old).abs().max()) < 0.01  # the same distribution (n = 1e5: sd < 0.002)
+
+
+def test_a_rows_token_does_not_depend_on_its_batch() -> None:
+    lp, u = _rows(2, 48, 3000, 1.0), torch.rand(48, generator=torch.Generator().manual_seed(3))
+    whole = sampling.sample_top_p(lp, 0.95, u)
+    alone = torch.cat([sampling.sample_top_p(lp[i:i + 1], 0.95, u[i:i + 1]) for i in range(48)])
+    assert torch.equal(whole, alone)
+    assert torch.equal(whole, sampling.sample_top_p(lp, 0.95, u))  # deterministic
+
+
+def test_top_p_one_and_the_round_limit() -> None:
+    lp = _rows(4, 8, 100)
+    u = torch.full((8,), 0.999999)
+    tok = sampling.sample_top_p(lp, 1.0, u)
+    assert torch.all((tok >= 0) & (tok < 100))
+    # a nucleus of one token: every draw but the most probable is rejected, then the argmax
+    peaked = torch.log_softmax(torch.tensor([[0.0, 8.0, 1.0, 0.5]]).expand(4, 4), -1)
+    assert sampling.sample_top_p(peaked, 0.5, torch.tensor([0.0, 0.3, 0.7, 0.99])).tolist() \
+        == [1, 1, 1, 1]
