@@ -87,6 +87,10 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
         return [min(vals), max(vals)]
 
     mm = parsed["mismatch"]
+    gbs = args.num_prompts  # vime's step records are per-sample means over the global batch
+
+    def total(key: str) -> int | None:
+        return None if key not in mm else round(mm[key] * gbs)
     return {
         "config": name, "case": case, "wall_s": round(wall, 1), "measured_steps": len(measured),
         "step_s": med("perf/step_time"), "step_range_s": spread("perf/step_time"),
@@ -94,8 +98,8 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
         "train_s": med("perf/train_time"), "train_range_s": spread("perf/train_time"),
         "rollout_tokens_per_s": med("perf/tokens_per_gpu_per_sec"),
         "peak_memory_gib": max(s["perf/peak_memory_bytes"] for s in measured) / 2**30,
-        "mismatch_count": mm.get("train/train_current_rollout_logprob_mismatch_count"),
-        "active_tokens": mm.get("train/train_current_rollout_logprob_numel"),
+        "mismatch_count": total("train/train_current_rollout_logprob_mismatch_count"),
+        "active_tokens": total("train/train_current_rollout_logprob_numel"),
         "max_abs_diff": mm.get("train/train_current_rollout_logprob_max_abs_diff"),
         "execution_mode": modes, "triton_used": triton,
     }
