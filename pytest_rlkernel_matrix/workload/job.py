@@ -279,7 +279,7 @@ def _mb_learn(model: Qwen3, k: SideKernels, ro: Rollout, mb: list[int], temperat
         with torch.no_grad():
             reported = _mb_logprobs(model, k, ro, mb, temperature, grid)
     k.clear_cache(), gk.clear_cache()  # derived weights carry this micro-batch's graph
-    with torch.enable_grad():
+    with torch.enable_grad(), rl.deterministic(ro.tokens[0].device):
         lp = _mb_logprobs(model, gk, ro, mb, temperature, grid)
         mask = torch.zeros_like(lp)
         for r, i in enumerate(mb):
@@ -421,6 +421,7 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
                   f"GPU each; this process sees {torch.cuda.device_count()}", flush=True)
             return EXIT_UNSUPPORTED
         device = torch.device("cuda", local)
+    rl.prepare_deterministic(device)
     threads = intra_op_threads(os.environ, world)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -594,7 +595,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "optimizer": (f"AdamW(lr={args.lr}, betas={rl.ADAM_BETAS}, eps={rl.ADAM_EPS}, "
                       "weight_decay=0, foreach=False)" if opt else
                       "none (lr = 0: weights kept)" if learning else "none"),
-        "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction"}
+        "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction",
+        "deterministic_algorithms": device.type == "cuda"}
     nonce = rl.run_nonce() if drill and drill.kind == "nondeterministic" else 0
     version, audited = 0, -1
     previous_w: dict[str, Tensor] | None = None  # the weight version before this step's
@@ -640,7 +642,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         if drill and drill.kind == "nondeterministic":
             rl.perturb_gradients(train_w, drill.module, nonce)
         if opt is not None:
-            opt.step()
+            with rl.deterministic(device):
+                opt.step()
             version += 1
         for p in params:
             p.grad = None

@@ -13,7 +13,10 @@ has a fixed shape (fixed row tiles, fixed attention chunks, fp32), the CPU autog
 the graph on one thread in a fixed order, so every gradient (including a weight's sum over row
 tiles and micro-batches) is reduced in the same order on every run: the backward is
 deterministic. A Triton forward has no backward; there the loss forward and its backward run on
-the torch R path (``backward_method`` says which, in the manifest and the readbacks).
+the torch R path (``backward_method`` says which, in the manifest and the readbacks). On CUDA
+the backward and the optimizer step run under ``torch.use_deterministic_algorithms`` (with
+``CUBLAS_WORKSPACE_CONFIG=:4096:8``): without it one H200 run of 20 steps kept train/rollout
+and weights bitwise within the run but two runs differed from step 1 on (docs/examples).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +35,26 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from .kernels import SideKernels
+
+def prepare_deterministic(device: torch.device) -> None:
+    """Before the first cuBLAS call: the workspace setting deterministic cuBLAS needs."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+@contextmanager
+def deterministic(device: torch.device) -> Iterator[None]:
+    """The learning step's kernels: deterministic algorithms on CUDA (CPU: already so)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
 
 @dataclass
 class Learn:
