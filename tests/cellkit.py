@@ -106,7 +106,9 @@ class CellKit:
                             "call_count": 5, "execution_mode": "eager", "provenance": prov}
         return {"framework": fw, "target": side, "run_id": RUN_ID,
                 "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": {}},
-                "installed_hooks": {}, "fallbacks": [], "profile_calls": {},
+                "installed_hooks": {m: f"kit.hooks.{m}" for m in operators if not (
+                    side == "training" and m == "logp" and self.impl(m, side) == "production")},
+                "fallbacks": [], "profile_calls": {},
                 "operators": operators}
 
     def write_readback(self, side: str, data: Any) -> None:

@@ -186,3 +186,94 @@ def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
         "megatron.production.attention"]
     assert any("attention" in a["conclusion"] and "drift" in a["conclusion"]
                for a in report["attribution"])
+
+
+def test_engines_writers_leave_rl_kernels_forms_and_a_valid_cell(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The engines job's writers (no engine needed): readback hooks for every recorded module
+    (production included, none for native Megatron logp), route lines with the native marker,
+    the per-version weight audit, a sidecar and per-sample-mean records every step, RL-Kernel's
+    manifest fields. The plugin judges the cell they leave `valid` in RL-Kernel's forms."""
+    from cellkit import RUN_ID, CellKit
+
+    from pytest_rlkernel_matrix.engines import job as ej
+    from pytest_rlkernel_matrix.report.record import analyze_run
+    from pytest_rlkernel_matrix.workload.artifacts import Rollout, emit_step
+    from pytest_rlkernel_matrix.workload.env import Env, resolve_route
+    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.upstream import (
+        manifest_fields,
+        readback,
+        route_lines,
+        write_json,
+        write_readbacks,
+        write_weight_audits,
+    )
+
+    sides = ("training", "rollout")
+    kit = CellKit(tmp_path, module="logp", case="P/R")  # training logp: native Megatron
+    kit.write_meta()
+    (kit.dir / "exit-code").write_text("0\n")
+    monkeypatch.setenv("RL_KERNEL_ARTIFACT_DIR", str(kit.dir))
+    monkeypatch.setenv("RL_KERNEL_RUN_ID", RUN_ID)
+    for m in MODULES:
+        monkeypatch.setenv(f"RL_KERNEL_{m.upper()}_CASE", kit.cell.cases.of(m))
+    env = Env.from_environ()
+    for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):  # as run_cell does
+        d.mkdir(parents=True, exist_ok=True)
+    routes = {s: resolve_route(env, s, None, "cpu") for s in sides}
+    tiling = Tiling.for_device(torch.device("cpu"), 64)
+    kernels = {s: SideKernels.build(s, routes[s].actual, torch.bfloat16, tiling, 1e-6)
+               for s in sides}
+    for s in sides:
+        for m in MODULES:
+            kernels[s].module(m).call_count = 3
+    gen = torch.Generator().manual_seed(5)
+    w = {n: torch.randn(8, 4, generator=gen).bfloat16()
+         for n in ("model.embed_tokens.weight", "lm_head.weight")}
+    write_weight_audits(env.weight_audit_dir, ej.WEIGHT_VERSION, w, dict(w))
+    write_json(kit.dir / "manifest.json", {"cases": env.cases, **manifest_fields(
+        env.cases, steps=2, global_batch_size=3, tp=1, cp=1, world=1)})
+    print("\n".join(route_lines(env, routes, ej.FRAMEWORKS, "cpu")))
+    for step in range(2):
+        plens, resp = [5, 6, 4], [4, 7, 5]
+        toks = [torch.randint(2, 100, (p + r,), generator=gen) for p, r in zip(plens, resp,
+                                                                             strict=True)]
+        roll = [-torch.rand(r, generator=gen) for r in resp]
+        train = [x.clone() for x in roll]
+        train[1][0] += 2 ** -10  # P on the training side: a drift, reported not judged
+        emit_step(env, step, Rollout(toks, plens, roll), train, None, resp, t_roll=0.5,
+                  t_train=0.25, t_step=1.0, t_sync=0.0, peak=1)
+    write_readbacks(env, routes, kernels, "cpu", patch=ej.patch_readback)
+    log = capsys.readouterr().out
+    (kit.dir / "run.log").write_text(log)
+
+    assert "linear_logp native active: " in log and "module=logp requested" in log
+    assert "target=training module=logp" not in log  # the marker, not a route line
+    assert "requested=rl_kernel actual=rlkernel.attention.deterministic.v1 fallback=false" in log
+    assert sorted(p.name for p in env.sidecar_dir.iterdir()) == [
+        "rank00000.call00000000.pt", "rank00000.call00000001.pt"]
+    train_rb = json.loads(next(env.readback_dir.glob("megatron-training-*.json")).read_text())
+    assert train_rb["installed_hooks"] == {m: ej.HOOKS["rl_kernel"]["training"][m]
+                                           for m in ("attention", "ffn")}
+    assert sorted(train_rb["operators"]) == ["attention", "ffn"]
+    rec = analyze_run(kit.dir, cell=kit.cell, mode="strict", artifact_dir=f"cpu/{kit.cell.slug}")
+    assert rec["verdict"] == "valid", rec["reasons"]
+    assert rec["route_line_form"] == "upstream"
+    wa = rec["weight_audit"]
+    assert (wa["format"], wa["versions"], wa["rollout_audited"], wa["problems"]) == (
+        "upstream", ["0"], True, [])
+    ex = rec["runtime_exposure"]
+    assert (ex["checked"], ex["exposure"], ex["sidecar_tokens"], ex["reasons"]) == (
+        True, 32, 32, [])
+    assert rec["active_token_count"] == 32 and rec["mismatch_count"] == 2
+    assert rec["training_backend_id"] == "vime.utils.ppo_utils.calculate_log_probs_and_entropy"
+
+    # production modules are hooked too (P/P everywhere): named after the engine's pre-hooks
+    env.cases.update(dict.fromkeys(MODULES, "P/P"))
+    for s in sides:
+        route = resolve_route(env, s, None, "cpu")
+        rb = ej.patch_readback(readback(env, route, kernels[s], "cpu"), s)
+        want = [m for m in MODULES if (s, m) != ("training", "logp")]
+        assert rb["installed_hooks"] == {m: ej.HOOKS["production"][s][m] for m in want}
+        assert sorted(rb["operators"]) == want

@@ -1,9 +1,13 @@
 """One matrix cell on the real engines: vLLM rollout, Megatron-core training forward.
 
-Same environment contract and artifacts as the built-in workload (``workload/job.py``):
-``manifest.json``, readbacks per side, the step-0 mismatch sidecar, weight audits hashed from
-the weights each engine actually loaded, and vime-style ``rollout N:`` / ``step N:`` / ``perf N:``
-lines. One engine start per cell (vLLM in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), then
+Same environment contract and artifacts as the built-in workload (``workload/job.py``), written
+through the same functions (``workload/upstream.py``, ``workload/artifacts.py``): ``manifest.json``
+(with RL-Kernel's run-manifest fields), readbacks per side (a hook and a record for every module
+the side runs, production included; native Megatron logp has neither, only vime's log marker),
+route lines, one mismatch sidecar per step, RL-Kernel's weight audit (``weight-audit/0.json``
+from what Megatron holds, ``weight-audit/rollout/0.json`` from what vLLM loaded), and vime's
+``rollout N:`` / ``step N:`` (per-sample means) / ``perf N:`` lines. One engine start per cell
+(vLLM in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), then
 ``--steps`` steps of rollout + recompute on the started engines.
 
 Logprob semantics: temperature 1.0, top-p 0.95 (sampling only); the rollout reports
@@ -23,27 +27,37 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.workload.artifacts import Rollout, emit_step, write_json
 from pytest_rlkernel_matrix.workload.env import SIDES, Env, UsageError, resolve_route
-from pytest_rlkernel_matrix.workload.job import (
-    EXIT_USAGE,
-    Rollout,
-    readback,
-    write_json,
-    write_sidecar,
+from pytest_rlkernel_matrix.workload.job import EXIT_USAGE
+from pytest_rlkernel_matrix.workload.kernels import MODULES, SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.upstream import (
+    manifest_fields,
+    route_lines,
+    write_readbacks,
+    write_weight_audits,
 )
-from pytest_rlkernel_matrix.workload.kernels import MODULES, R_BACKEND_IDS, SideKernels, Tiling
-from pytest_rlkernel_matrix.workload.model import weights_sha256
 
 from . import checkpoint as ckpt_mod
 
 TEMPERATURE, TOP_P = 1.0, 0.95
-HOOKS = {
-    "rollout": {"attention": "vllm ModelRegistry:RlkQwen3ForCausalLM._r_attention",
-                "ffn": "vllm ModelRegistry:RlkQwen3ForCausalLM.forward(ffn)",
-                "logp": "vllm ModelRegistry:RlkQwen3ForCausalLM.compute_logits"},
-    "training": {"attention": "megatron.core ModuleSpec self_attention=RAttention",
-                 "ffn": "megatron.core ModuleSpec mlp=RMlp",
-                 "logp": "megatron.core GPTModel(post_process=False) + RLogpHead"},
+FRAMEWORKS = {"training": "megatron", "rollout": "vllm"}
+WEIGHT_VERSION = "0"  # forward only: the one exported version
+HOOKS = {  # implementation -> side -> module -> the extension point it runs through
+    "rl_kernel": {
+        "rollout": {"attention": "vllm ModelRegistry:RlkQwen3ForCausalLM._r_attention",
+                    "ffn": "vllm ModelRegistry:RlkQwen3ForCausalLM.forward(ffn)",
+                    "logp": "vllm ModelRegistry:RlkQwen3ForCausalLM.compute_logits"},
+        "training": {"attention": "megatron.core ModuleSpec self_attention=RAttention",
+                     "ffn": "megatron.core ModuleSpec mlp=RMlp",
+                     "logp": "megatron.core GPTModel(post_process=False) + RLogpHead"}},
+    "production": {
+        "rollout": {"attention": "vllm Qwen3Attention forward_pre_hook",
+                    "ffn": "vllm Qwen3MLP forward_pre_hook",
+                    "logp": "vllm ModelRegistry:RlkQwen3ForCausalLM.compute_logits(super)"},
+        "training": {"attention": "megatron.core SelfAttention forward_pre_hook",
+                     "ffn": "megatron.core MLP forward_pre_hook",
+                     "logp": "megatron.core output_layer forward_pre_hook"}},
 }
 
 
@@ -98,12 +112,15 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def _patch_readback(rb: dict, side: str, route: Any) -> dict:
-    """Name the engines' extension points instead of the built-in workload's interface."""
-    rb["installed_hooks"] = {m: HOOKS[side][m] for m in MODULES
-                             if route.requested[m] == "rl_kernel"}
+def patch_readback(rb: dict, side: str) -> dict:
+    """Name the engines' extension points instead of the built-in workload's interface: the
+    hooks of every module the readback records (``workload.upstream.readback`` leaves out native
+    Megatron logp), production included (its calls are counted by a forward pre-hook)."""
+    impl = {m: op["implementation"] for m, op in rb["operators"].items()}
+    rb["installed_hooks"] = {m: HOOKS[impl.get(m, "production")][side][m]
+                             for m in rb["installed_hooks"]}
     for m, op in rb["operators"].items():
-        op["provenance"]["interface"] = HOOKS[side][m]
+        op["provenance"]["interface"] = HOOKS[impl[m]][side][m]
         op["provenance"]["engine"] = "vllm" if side == "rollout" else "megatron-core"
     return rb
 
@@ -141,19 +158,15 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
         "megatron_cpu_shims": list(CPU_SHIMS) if platform == "cpu" else [],
         "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
                        "claimed": routes[s].claimed} for s in SIDES},
+        # the fields of RL-Kernel's run manifest that apply (the global batch: every prompt)
+        **manifest_fields(env.cases, steps=args.steps, global_batch_size=args.num_prompts,
+                          tp=1, cp=1, world=1),
     }
     write_json(env.artifact_dir / "manifest.json", manifest)
     if env.mode == "off":
         print("[RL-Kernel] mode=off: native route")
     elif env.route_report:
-        for s in SIDES:
-            fw = "megatron" if s == "training" else "vllm"
-            for m in MODULES:
-                impl = routes[s].claimed[m]
-                bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
-                print(f"[RL-Kernel][route] framework={fw} target={s} module={m} "
-                      f"case={env.cases[m]} implementation={impl} backend_id={bid} "
-                      "fallback=false")
+        print("\n".join(route_lines(env, routes, FRAMEWORKS, platform)))
     train_lp_uses_r = routes["training"].actual["logp"] == "rl_kernel"
     vocab_pad = -(-hf_cfg["vocab_size"] // 128) * 128
     print("[rlk-reference] selected-logprob contract_id="
@@ -196,12 +209,9 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
     from .mapping import as_checkpoint_dtype
 
     train_w = as_checkpoint_dtype(trainer.hf_weights(), torch.bfloat16)
-    for side, w in (("training", train_w), ("rollout", rollout_w)):
-        fw = "megatron" if side == "training" else "vllm"
-        write_json(env.weight_audit_dir / f"v0.{fw}-{side}.json",
-                   {"weight_version": "v0", "framework": fw, "target": side,
-                    "engine": "megatron-core" if side == "training" else "vllm",
-                    "sha256": weights_sha256(w)})
+    # RL-Kernel's weight audit: what training exports (Megatron's state mapped back to HF
+    # names) and, as the rollout side's evidence, what vLLM's loader filled
+    write_weight_audits(env.weight_audit_dir, WEIGHT_VERSION, train_w, rollout_w)
     manifest["startup"] = {"vllm_s": round(t_vllm, 3), "megatron_s": round(t_mg, 3)}
     print("[rlk-engines] startup " + json.dumps(manifest["startup"]))
 
@@ -229,34 +239,11 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
                                              args.micro_batch_size, order)
         t_train = time.perf_counter() - tt0
         t_step = time.perf_counter() - t_step0
-        resp = [x.numel() for x in ro.logprobs]
-        active = sum(resp)
-        if step == 0:
-            write_sidecar(env, ro, train_lp)
-            diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
-            n_mis = int(sum(int(torch.ne(a, b).sum())
-                            for a, b in zip(train_lp, ro.logprobs, strict=True)))
-            print(f"rollout {step}: " + repr({
-                "rollout/response_lengths": resp,
-                "rollout/total_lengths": [t.numel() for t in ro.tokens]}))
-            print(f"step {step}: " + repr({
-                "train/train_rollout_logprob_abs_diff": float(diff.mean()),
-                "train/train_current_rollout_logprob_mismatch_count": n_mis,
-                "train/train_current_rollout_logprob_max_abs_diff": float(diff.max()),
-                "train/train_current_rollout_logprob_numel": active}))
         peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-        print(f"perf {step}: " + repr({"perf/rollout_time": round(t_roll, 6),
-                                       "perf/tokens_per_gpu_per_sec": round(active / t_roll, 3)}))
-        print(f"perf {step}: " + repr({
-            "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
-            "perf/update_weights_time": 0.0, "perf/tokens_per_sec": round(active / t_step, 3),
-            "perf/peak_memory_bytes": peak}))
+        emit_step(env, step, ro, train_lp, None, max_new, t_roll=t_roll, t_train=t_train,
+                  t_step=t_step, t_sync=0.0, peak=peak)
         sys.stdout.flush()
-    if env.mode != "off":
-        for s in SIDES:
-            k = kernels[s]
-            rb = _patch_readback(readback(env, routes[s], k, platform), s, routes[s])
-            write_json(env.readback_dir / f"{k.framework}-{s}-{os.getpid()}.json", rb)
+    write_readbacks(env, routes, kernels, platform, patch=patch_readback)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
     write_json(env.artifact_dir / "manifest.json", manifest)
     return 0

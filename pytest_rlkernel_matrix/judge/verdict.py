@@ -20,7 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route, side_of
+from pytest_rlkernel_matrix.judge.crosscheck import (
+    Exposure,
+    hook_findings,
+    log_route_fallbacks,
+    runtime_exposure,
+)
+from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, Route
 from pytest_rlkernel_matrix.judge.factors import factor_contract, weight_reasons
 from pytest_rlkernel_matrix.judge.metrics import bitwise_reason
 from pytest_rlkernel_matrix.judge.stats import timing_noise
@@ -28,7 +34,6 @@ from pytest_rlkernel_matrix.judge.steps import CLAIMS, apply_declared, judge_cla
 from pytest_rlkernel_matrix.judge.upstream import (
     bitwise_validation_status,
     judge_weight_audit,
-    log_route_findings,
     native_logp_evidence,
 )
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
@@ -184,32 +189,6 @@ def _real_backend(bid: str, impl: str) -> bool:
     return not low.startswith("rlkernel.")
 
 
-def _log_route_fallbacks(cell: Cell, mode: str, ev: Evidence, have: list[str],
-                         mismatch: Judgement) -> list[str]:
-    """run.log `fallback=true` lines and route lines contradicting the request (upstream's
-    `requested=`/`actual=` form and the older `implementation=` form)."""
-    out: list[str] = []
-    for line in ev.log.fallback_lines:
-        if ev.readback_files and "[RL-Kernel]" not in line:
-            continue  # with readbacks, only RL-Kernel's own lines speak for the route
-        kv = dict(part.split("=", 1) for part in line.split() if "=" in part)
-        side = side_of(kv.get("framework"), kv.get("target"))
-        module = kv.get("module")
-        if module and side and any(f.startswith(f"{module} {side}") for f in have + out):
-            continue  # the readback already records this fallback
-        out.append(f"run.log: {line}")
-    if mode == "off":
-        return out
-    found, mismatches = log_route_findings(cell.cases.modules, cell.cases.side, ev.log.routes)
-    for reason in found:
-        where = " ".join(reason.split()[:2])
-        if not any(f.startswith(where) for f in have + out):
-            out.append(reason)
-    for reason in mismatches:
-        mismatch.fail(reason)
-    return out
-
-
 def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgement, list[str]]:
     """(route, mismatch, fallbacks): route problems that are fallbacks vs other mismatches."""
     route = Judgement()
@@ -273,7 +252,16 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                               f"case_id: cannot tie it to the requested case {requested}")
             if got.case_ids and got.case_ids != [requested]:
                 mismatch.fail(f"{where}: readback case_id {got.case_ids} != requested {requested}")
-    fallbacks += _log_route_fallbacks(cell, mode, ev, fallbacks, mismatch)
+    unproven, contradictions = hook_findings(cell.cases.modules, cell.cases.side, mode,
+                                             ev.routes, ev.hooks)
+    log_fallbacks, log_mismatches = log_route_fallbacks(
+        cell.cases.modules, cell.cases.side, mode, ev.log.fallback_lines, ev.log.routes,
+        bool(ev.readback_files), fallbacks)
+    fallbacks += log_fallbacks
+    for reason in unproven:
+        route.fail(reason)
+    for reason in log_mismatches + contradictions:
+        mismatch.fail(reason)
     for reason in fallbacks:
         route.fail(reason)
     return route, mismatch, fallbacks
@@ -288,6 +276,8 @@ def _judge_semantic(ev: Evidence, mode: str, policy: Policy,
     ev.weight_audit.notes = notes  # recorded with the audit, not reasons
     for problem in ev.sample_problems:
         sem.fail(f"samples not comparable: {problem}")
+    for reason in exposure_of(ev).reasons:
+        sem.fail(reason)
     _judge_ranks(ev, sem)
     m = ev.metrics
     if m is not None and m.active_token_count and m.active_token_count < policy.min_active_tokens:
@@ -315,6 +305,13 @@ def _judge_semantic(ev: Evidence, mode: str, policy: Policy,
                 sem.fail(f"runtime platform {platform!r} ({where}) does not match the hardware "
                          f"profile's backend {policy.backend!r}")
     return sem
+
+
+def exposure_of(ev: Evidence) -> Exposure:
+    """The step records' runtime token exposure against the sidecars (judge/crosscheck.py)."""
+    m = ev.metrics
+    return runtime_exposure(ev.log.records.get("step", []), ev.manifest,
+                            None if m is None else m.active_token_count, ev.logprob_source)
 
 
 def _judge_ranks(ev: Evidence, sem: Judgement) -> None:

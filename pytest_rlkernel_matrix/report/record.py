@@ -25,7 +25,13 @@ from pytest_rlkernel_matrix.judge.upstream import (
     native_logp_evidence,
     route_form,
 )
-from pytest_rlkernel_matrix.judge.verdict import Decision, Policy, contract_id, decide
+from pytest_rlkernel_matrix.judge.verdict import (
+    Decision,
+    Policy,
+    contract_id,
+    decide,
+    exposure_of,
+)
 from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
 from pytest_rlkernel_matrix.spec.cells import Cases, Cell, FactorPoint
@@ -111,6 +117,7 @@ def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
         "weight_audit": ev.weight_audit.as_dict(),
         "route_line_form": route_form(ev.log.routes),
         "installed_hooks": ev.hooks,
+        "runtime_exposure": exposure_of(ev).as_dict(),
         "native_logp_marker": native_logp_evidence(ev.log.logp_markers, cell.cases.of("logp")),
         "offline_comparison": None if status is None else {"status": status, "detail": detail},
     }

@@ -1,5 +1,6 @@
 """What the reference workload leaves on disk, written the way RL-Kernel writes it: atomic JSON,
-the masked train/rollout logprob sidecars (``mismatch-sidecars/``) and the probe files.
+the masked train/rollout logprob sidecars (``mismatch-sidecars/``), each step's sidecar and vime
+lines (``emit_step``) and the probe files.
 
 Kept apart from ``job.py`` (the step loop) so the engines job writes through the same functions.
 """
@@ -7,10 +8,9 @@ Kept apart from ``job.py`` (the step loop) so the engines job writes through the
 from __future__ import annotations
 
 import io
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,6 +20,9 @@ from pytest_rlkernel_matrix.workload.env import SIDES, Env
 from .kernels import SideKernels
 from .parallel import Grid, zigzag_response_offsets
 from .probe import ProbeRequest, operator_names, write_index
+from .upstream import sidecar_marker, step_lines, write_json
+
+__all__ = ["Rollout", "emit_step", "write_json", "write_probes", "write_sidecar"]
 
 SIDECAR_SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"  # RL-Kernel's
 
@@ -33,14 +36,6 @@ class Rollout:
     logprobs: list[Tensor]
     execution_mode: str = "eager"  # of the decode steps (graphs.DecodeRunner)
     fallback_reason: str = ""
-
-
-def write_json(path: Path, obj: object) -> None:
-    """Atomic JSON write: temp file in the same directory, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def write_probes(probe: ProbeRequest, kernels: dict[str, SideKernels], ro: Rollout,
@@ -108,3 +103,15 @@ def write_sidecar(env: Env, ro: Rollout, train_lp: list[Tensor], grid: Grid | No
     torch.save(data, buf)
     tmp.write_bytes(buf.getvalue())
     os.replace(tmp, path)
+
+
+def emit_step(env: Env, step: int, ro: Rollout, train_lp: list[Tensor], grid: Grid | None,
+              max_new: list[int], **lines: Any) -> None:
+    """One step's artifacts, as vime + RL-Kernel leave them: the sidecar of call `step` (every
+    rank), vime's sidecar marker (step 0) and the `rollout`/`step`/`perf` lines
+    (`upstream.step_lines`, whose keyword arguments `lines` passes on)."""
+    write_sidecar(env, ro, train_lp, grid, step)
+    if step == 0:
+        print(sidecar_marker(env.cases["logp"]))
+    print("\n".join(step_lines(step, [int(t.numel()) for t in ro.tokens], train_lp,
+                               ro.logprobs, max_new, **lines)))

@@ -35,20 +35,17 @@ from pytest_rlkernel_matrix.workload.env import (
     SIDES,
     Env,
     FaultDrill,
-    Route,
     UsageError,
     intra_op_threads,
     resolve_route,
 )
 
 from . import rl
-from .artifacts import Rollout, write_json, write_probes, write_sidecar
+from .artifacts import Rollout, emit_step, write_json, write_probes, write_sidecar
 from .factors import Factors, processed_selected
 from .graphs import DecodeRunner
 from .kernels import (
     MODULES,
-    R_BACKEND_IDS,
-    R_CONTRACT_VERSION,
     SideKernels,
     Tiling,
     r_backend,
@@ -75,13 +72,15 @@ from .probe import PERTURB_FACTOR, ProbeRequest
 from .sampling import SORT_FREE, sample_top_p
 from .upstream import (
     manifest_fields,
-    native_logp_marker,
-    rollout_record,
-    route_line,
-    sidecar_marker,
-    step_record,
+    native_training_logp,
+    readback,
+    route_lines,
+    write_readbacks,
     write_weight_audits,
 )
+
+__all__ = ["Rollout", "native_training_logp", "readback", "run_rollout", "run_training",
+           "write_json", "write_readbacks", "write_sidecar"]
 
 EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
 
@@ -89,78 +88,6 @@ EXIT_USAGE, EXIT_FALLBACK, EXIT_UNSUPPORTED = 2, 3, 4
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-# ---------------------------------------------------------------------------------------------
-# Route resolution and readbacks.
-
-
-def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
-             execution_mode: str = "eager", grid: Grid | None = None) -> dict:
-    """The RL-Kernel readback dict for one side (``rlkernel.debug_matrix.v1`` plan)."""
-    fw = kernels.framework
-    grid = grid or Grid()
-    plan = {m: {"module": m, "case_id": env.cases[m],
-                "training_implementation": env.requested(m, "training"),
-                "rollout_implementation": env.requested(m, "rollout")} for m in env.modules}
-    operators = {}
-    native = native_training_logp(env, route)
-    for m in env.modules:
-        if m in native:  # native Megatron logp runs outside RL-Kernel: no record, no hook
-            continue
-        impl = route.claimed[m]
-        prov: dict[str, object] = {
-            "interface": f"pytest_rlkernel_matrix.workload.kernels.{m}",
-            "operator": f"qwen3.{m}", "fallback": any(f["module"] == m for f in route.fallbacks),
-            "execution": {"runtime_platform": platform,
-                          "triton_used": kernels.module(m).uses_triton,
-                          "tp_world_size": grid.tp,
-                          "cp_world_size": grid.cp if route.side == "training" else 1,
-                          "rank": grid.rank,
-                          "collective_backend": grid.backend}}
-        if impl == "rl_kernel":
-            prov.update(contract_version=R_CONTRACT_VERSION, arithmetic_contract="bitwise",
-                        actual_backend=R_BACKEND_IDS[m])
-        operators[m] = {
-            "framework": fw, "target": route.side, "module": m, "case_id": env.cases[m],
-            "implementation": impl,
-            "backend_id": R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}",
-            "call_count": kernels.module(m).call_count, "execution_mode": execution_mode,
-            "provenance": prov}
-    decisions = [{"capability": "device", "requested": platform, "supported": False,
-                  "passed": False, "reason": why} for why in route.unsupported.values()]
-    return {
-        "framework": fw, "target": route.side, "pid": os.getpid(), "run_id": env.run_id,
-        "mode": env.mode,
-        "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": plan},
-        "installed_hooks": {m: f"pytest_rlkernel_matrix.workload.kernels.{m}"
-                            for m in env.modules if m not in native},
-        "fallbacks": route.fallbacks,
-        "profile_calls": {m: kernels.module(m).call_count for m in env.modules},
-        "operators": operators,
-        "capability": {"status": "unsupported" if decisions else "resolved",
-                       "capability_decisions": decisions},
-    }
-
-
-def native_training_logp(env: Env, route: Route) -> set[str]:
-    """`{"logp"}` when this side is training and its logp is the native (P) one."""
-    if route.side == "training" and route.requested.get("logp") == "production":
-        return {"logp"}
-    return set()
-
-
-def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideKernels],
-                    platform: str, modes: dict[str, str] | None = None,
-                    grid: Grid | None = None) -> None:
-    """One file per process and side, as RL-Kernel writes them (every rank its own)."""
-    if env.mode == "off":
-        return
-    for side in SIDES:
-        k = kernels[side]
-        write_json(env.readback_dir / f"{k.framework}-{side}-{os.getpid()}.json",
-                   readback(env, routes[side], k, platform, (modes or {}).get(side, "eager"),
-                            grid))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -536,16 +463,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     if env.mode == "off":
         print("[RL-Kernel] mode=off: native route")
     elif env.route_report:
-        for s in SIDES:
-            r, fw = routes[s], kernels[s].framework
-            for m in env.modules:
-                if m in native_training_logp(env, r):
-                    print(native_logp_marker(platform))  # vime's marker, not a route line
-                    continue
-                impl = r.claimed[m]
-                bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
-                fb = any(f["module"] == m for f in r.fallbacks)
-                print(route_line(fw, s, m, r.requested[m], bid, fb))
+        print("\n".join(route_lines(env, routes, {s: kernels[s].framework for s in SIDES},
+                                     platform)))
     for s in SIDES:
         for m, why in routes[s].unsupported.items():
             print(f"[RL-Kernel][unsupported] module={m} side={s} class=platform_unsupported "
@@ -651,31 +570,16 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         sync(device)
         t_train = time.perf_counter() - t2
         t_step = time.perf_counter() - t0
-        write_sidecar(env, ro, train_lp, grid, step)
-        if step == 0:
-            print(sidecar_marker(env.cases["logp"]))
-            if probe.enabled:
-                write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
-        truncated = sum(int(n == cap) for n, cap in zip(resp, max_new, strict=True))
-        print(f"rollout {step}: " + repr({**rollout_record(
-            [t.numel() for t in ro.tokens], resp, truncated),
-            "rollout/raw_reward": sum(rew) / len(rew)}))
-        print(f"step {step}: " + repr({**step_record(train_lp, ro.logprobs),
-                                       **({"train/pg_loss": learn.loss} if learn else {})}))
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
         else:
             peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-        per_gpu = active / t_roll / grid.world
-        print(f"perf {step}: " + repr({"perf/rollout_time": round(t_roll, 6),
-                                       "perf/tokens_per_gpu_per_sec": round(per_gpu, 3)}))
-        print(f"perf {step}: " + repr({
-            "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
-            "perf/actor_train_time": round(t_train, 6),
-            "perf/update_weights_time": round(t_sync, 6),
-            "perf/actor_train_tok_per_s": round(active / t_train, 3),
-            "perf/tokens_per_sec": round(active / t_step, 3),
-            "perf/peak_memory_bytes": peak}))
+        emit_step(env, step, ro, train_lp, grid, max_new, t_roll=t_roll, t_train=t_train,
+                  t_step=t_step, t_sync=t_sync, peak=peak, world=grid.world,
+                  rollout_extra={"rollout/raw_reward": sum(rew) / len(rew)},
+                  step_extra={"train/pg_loss": learn.loss} if learn else None)
+        if step == 0 and probe.enabled:
+            write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
         previous_w = factors.keep_previous({n: t.detach() for n, t in train_w.items()})
         sys.stdout.flush()
     write_readbacks(env, routes, kernels, platform, modes, grid)

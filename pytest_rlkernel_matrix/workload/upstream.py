@@ -1,6 +1,8 @@
-"""What the reference job writes in RL-Kernel's and vime's own forms (docs/artifact-format.md):
-per-version weight audits, route lines, the native logp marker, vime's `step`/`rollout`/`perf`
-records and the manifest fields RL-Kernel's run validator reads.
+"""What the reference jobs write in RL-Kernel's and vime's own forms (docs/artifact-format.md):
+readbacks (a hook and a record for every module a side runs, production included, none for
+native Megatron logp), per-version weight audits, route lines, the native logp marker, vime's
+`step`/`rollout`/`perf` records and the manifest fields RL-Kernel's run validator reads.
+Shared by the built-in workload (`job.py`) and the engines job (`engines/job.py`).
 """
 
 from __future__ import annotations
@@ -8,17 +10,109 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .env import SIDES, Env, Route
+from .kernels import R_BACKEND_IDS, R_CONTRACT_VERSION, SideKernels
+from .parallel import Grid
+
 TRAINING_SCOPE = "all_exported_parameters"
 ROLLOUT_SCOPE = "rollout_loaded_parameters"
 NATIVE_LOGP_BACKEND = "vime.utils.ppo_utils.calculate_log_probs_and_entropy"
 NATIVE_LOGP_CONTRACT = "vime.native.linear_logp.v1"
+
+
+def write_json(path: Path, obj: object) -> None:
+    """Atomic JSON write: temp file in the same directory, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Readbacks (RL-Kernel's `FrameworkOperatorIntegration`).
+
+
+def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
+             execution_mode: str = "eager", grid: Grid | None = None) -> dict:
+    """The RL-Kernel readback dict for one side (``rlkernel.debug_matrix.v1`` plan)."""
+    fw = kernels.framework
+    grid = grid or Grid()
+    plan = {m: {"module": m, "case_id": env.cases[m],
+                "training_implementation": env.requested(m, "training"),
+                "rollout_implementation": env.requested(m, "rollout")} for m in env.modules}
+    operators = {}
+    native = native_training_logp(env, route)
+    for m in env.modules:
+        if m in native:  # native Megatron logp runs outside RL-Kernel: no record, no hook
+            continue
+        impl = route.claimed[m]
+        prov: dict[str, object] = {
+            "interface": f"pytest_rlkernel_matrix.workload.kernels.{m}",
+            "operator": f"qwen3.{m}", "fallback": any(f["module"] == m for f in route.fallbacks),
+            "execution": {"runtime_platform": platform,
+                          "triton_used": kernels.module(m).uses_triton,
+                          "tp_world_size": grid.tp,
+                          "cp_world_size": grid.cp if route.side == "training" else 1,
+                          "rank": grid.rank,
+                          "collective_backend": grid.backend}}
+        if impl == "rl_kernel":
+            prov.update(contract_version=R_CONTRACT_VERSION, arithmetic_contract="bitwise",
+                        actual_backend=R_BACKEND_IDS[m])
+        operators[m] = {
+            "framework": fw, "target": route.side, "module": m, "case_id": env.cases[m],
+            "implementation": impl,
+            "backend_id": R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}",
+            "call_count": kernels.module(m).call_count, "execution_mode": execution_mode,
+            "provenance": prov}
+    decisions = [{"capability": "device", "requested": platform, "supported": False,
+                  "passed": False, "reason": why} for why in route.unsupported.values()]
+    return {
+        "framework": fw, "target": route.side, "pid": os.getpid(), "run_id": env.run_id,
+        "mode": env.mode,
+        "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": plan},
+        "installed_hooks": {m: f"pytest_rlkernel_matrix.workload.kernels.{m}"
+                            for m in env.modules if m not in native},
+        "fallbacks": route.fallbacks,
+        "profile_calls": {m: kernels.module(m).call_count for m in env.modules},
+        "operators": operators,
+        "capability": {"status": "unsupported" if decisions else "resolved",
+                       "capability_decisions": decisions},
+    }
+
+
+def native_training_logp(env: Env, route: Route) -> set[str]:
+    """`{"logp"}` when this side is training and its logp is the native (P) one."""
+    if route.side == "training" and route.requested.get("logp") == "production":
+        return {"logp"}
+    return set()
+
+
+def write_readbacks(env: Env, routes: dict[str, Route], kernels: dict[str, SideKernels],
+                    platform: str, modes: dict[str, str] | None = None,
+                    grid: Grid | None = None,
+                    patch: Callable[[dict, str], dict] | None = None) -> None:
+    """One file per process and side, as RL-Kernel writes them (every rank its own);
+    `patch(readback, side)` lets a job name its own extension points."""
+    if env.mode == "off":
+        return
+    for side in SIDES:
+        k = kernels[side]
+        rb = readback(env, routes[side], k, platform, (modes or {}).get(side, "eager"), grid)
+        write_json(env.readback_dir / f"{k.framework}-{side}-{os.getpid()}.json",
+                   patch(rb, side) if patch else rb)
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight audits, route lines, markers, vime's records, the manifest.
 
 
 def weight_audit(weights: Mapping[str, Tensor], version: str, scope: str) -> dict[str, Any]:
@@ -62,6 +156,24 @@ def native_logp_marker(device: str) -> str:
             f"contract_id={NATIVE_LOGP_CONTRACT} route=unconfigured device={device}")
 
 
+def route_lines(env: Env, routes: Mapping[str, Route], frameworks: Mapping[str, str],
+                platform: str) -> list[str]:
+    """Both sides' route lines (one per module, RL-Kernel's form), and vime's marker in place of
+    the line for native Megatron logp (which RL-Kernel never routes)."""
+    out: list[str] = []
+    for s in SIDES:
+        r, fw = routes[s], frameworks[s]
+        for m in env.modules:
+            if m in native_training_logp(env, r):
+                out.append(native_logp_marker(platform))
+                continue
+            impl = r.claimed[m]
+            bid = R_BACKEND_IDS[m] if impl == "rl_kernel" else f"{fw}.production.{m}"
+            fb = any(f["module"] == m for f in r.fallbacks)
+            out.append(route_line(fw, s, m, r.requested[m], bid, fb))
+    return out
+
+
 def sidecar_marker(logp_case: str) -> str:
     return f"rlkernel mismatch sidecar active: logp_case={logp_case}"
 
@@ -90,6 +202,30 @@ def rollout_record(total_lengths: Sequence[int], response_lengths: Sequence[int]
     return {"rollout/response_lengths": sum(response_lengths) / n,
             "rollout/total_lengths": sum(total_lengths) / n,
             "rollout/truncated_ratio": truncated / n}
+
+
+def step_lines(step: int, total_lengths: Sequence[int], train_lp: Sequence[Tensor],
+               rollout_lp: Sequence[Tensor], max_new: Sequence[int], *, t_roll: float,
+               t_train: float, t_step: float, t_sync: float, peak: int, world: int = 1,
+               rollout_extra: Mapping[str, float] | None = None,
+               step_extra: Mapping[str, float] | None = None) -> list[str]:
+    """One step's vime lines: `rollout N`, `step N` (per-sample means) and the two `perf N`."""
+    resp = [int(x.numel()) for x in rollout_lp]
+    active = sum(resp)
+    truncated = sum(int(n == cap) for n, cap in zip(resp, max_new, strict=True))
+    perf_train = {
+        "perf/step_time": round(t_step, 6), "perf/train_time": round(t_train, 6),
+        "perf/actor_train_time": round(t_train, 6), "perf/update_weights_time": round(t_sync, 6),
+        "perf/actor_train_tok_per_s": round(active / t_train, 3),
+        "perf/tokens_per_sec": round(active / t_step, 3), "perf/peak_memory_bytes": peak}
+    return [
+        f"rollout {step}: " + repr({**rollout_record(total_lengths, resp, truncated),
+                                    **(rollout_extra or {})}),
+        f"step {step}: " + repr({**step_record(train_lp, rollout_lp), **(step_extra or {})}),
+        f"perf {step}: " + repr({"perf/rollout_time": round(t_roll, 6),
+                                 "perf/tokens_per_gpu_per_sec": round(active / t_roll / world,
+                                                                      3)}),
+        f"perf {step}: " + repr(perf_train)]
 
 
 def manifest_fields(cases: Mapping[str, str], *, steps: int, global_batch_size: int, tp: int,
