@@ -214,3 +214,81 @@ def test_matrix_probe_section(tmp_path: Path) -> None:
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+# -- which cells a session probes: only completed runs that drifted ------------------------------
+
+
+def _session_cell(root: Path, slug: str) -> dict:
+    import json
+
+    report = json.loads((root / "matrix-report.json").read_text())
+    module, case = slug.split("-")
+    return next(c for c in report["cells"] if c["module"] == module
+                and c["case"].replace("/", "").lower() == case)
+
+
+def test_timed_out_cell_gets_a_probe_note_not_a_probe_run(pytester: pytest.Pytester,
+                                                         make_matrix, tmp_path: Path) -> None:
+    # The fake writes drifting P/R sidecars, then stays alive past the timeout.
+    make_matrix(env={"FAKE_BUSY_SECONDS": "600"}, timeout=3, modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "--rlk-probe",
+                                "-k", "attention and P/R")
+    cell = _session_cell(root, "attention-pr")
+    assert cell["verdict"] == "error" and cell["timed_out"] is True
+    run_dir = root / "cpu" / "attention-pr"
+    assert not list(run_dir.glob("probe*/")), "a probe run followed a timed-out cell"
+    loc = cell["localisation"]
+    assert loc["status"] == "not_run" and loc["first_divergent"] is None
+    assert loc["summary"] == "no probe run: the cell's run timed out (its sidecars may be partial)"
+    assert (run_dir / "probe-note.json").is_file()
+    result.stdout.fnmatch_lines(["attention P/R: no probe run: the cell's run timed out*"])
+    view = localisation_view(loc)
+    assert view is not None and view["status"] == "not_run" and view["chart"] is None
+
+
+def test_errored_cell_gets_a_note_and_a_completed_drifting_one_a_probe_run(
+        pytester: pytest.Pytester, make_matrix, tmp_path: Path) -> None:
+    from conftest import FAKE, matrix_toml
+
+    fails = matrix_toml(modules='["attention"]').replace(
+        f'command = ["{sys.executable}", "{FAKE}"]',
+        f'command = ["sh", "-c", "{sys.executable} {FAKE}; exit 3"]')
+    pytester.makefile(".toml", matrix=fails)
+    bad = tmp_path / "bad"
+    pytester.runpytest(f"--rlk-matrix-root={bad}", "--rlk-probe", "-k", "attention and P/R")
+    cell = _session_cell(bad, "attention-pr")
+    assert cell["verdict"] == "error" and cell["exit_code"] == 3
+    assert cell["mismatch_count"] > 0  # it drifted, but its run did not complete
+    assert not list((bad / "cpu" / "attention-pr").glob("probe*/"))
+    assert cell["localisation"]["summary"] == "no probe run: the cell's run exited 3"
+
+    make_matrix(modules='["attention"]')
+    good = tmp_path / "good"
+    pytester.runpytest(f"--rlk-matrix-root={good}", "--rlk-probe",
+                       "-k", "attention and (P/R or R/R)")
+    drifted, clean = _session_cell(good, "attention-pr"), _session_cell(good, "attention-rr")
+    assert drifted["mismatch_count"] > 0 and drifted["verdict"] not in ("error", "fallback")
+    assert (good / "cpu" / "attention-pr" / "probe" / "cell-run.json").is_file()
+    # the fake framework writes no probe files: the probe is incomparable, and says why
+    assert drifted["localisation"]["status"] == "incomparable"
+    assert "no probe of the training and rollout side" in drifted["localisation"]["summary"]
+    assert clean["mismatch_count"] == 0 and "localisation" not in clean
+    assert not list((good / "cpu" / "attention-rr").glob("probe*"))
+
+
+def test_probe_plan() -> None:
+    from pytest_rlkernel_matrix.judge.probe import probe_plan
+
+    done = {"exit_code": 0, "timed_out": False, "verdict": "valid", "mismatch_count": 3}
+    assert probe_plan(done) == "probe"
+    assert probe_plan({**done, "mismatch_count": 0, "bitwise_mismatch_count": 0}) is None
+    assert probe_plan({**done, "verdict": "contract_mismatch"}) == "probe"
+    assert "exited 1" in str(probe_plan({**done, "exit_code": 1}))
+    assert "did not start" in str(probe_plan({**done, "exit_code": None}))
+    assert "timed out" in str(probe_plan({**done, "timed_out": True, "exit_code": None}))
+    fb = probe_plan({**done, "verdict": "fallback", "reasons": ["attention fell back to P"]})
+    assert fb == "the cell is fallback (attention fell back to P)"
+    assert "local launcher" in str(probe_plan(done, "slurm"))
+    assert probe_plan({**done, "mismatch_count": 0}, "slurm") is None

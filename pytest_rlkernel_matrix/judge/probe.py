@@ -413,6 +413,56 @@ def drifts(record: dict[str, Any]) -> bool:
                for k in ("mismatch_count", "bitwise_mismatch_count"))
 
 
+# Verdicts whose run did not complete the cell's requested path: a probe of it would localise
+# something else than the cell names (or a half-finished run), so none is started.
+NO_PROBE_VERDICTS = ("error", "unsupported", "fallback", "not_run")
+PROBE_NOTE = "probe-note.json"
+
+
+def probe_refusal(record: dict[str, Any]) -> str | None:
+    """Why a cell gets no probe run though probing was asked for; None: it may be probed.
+
+    A probe run follows only a cell whose run completed (exit 0, not timed out) with a verdict
+    that judged the requested path; ``drifts`` then says whether there is anything to localise."""
+    if record.get("timed_out"):
+        return "the cell's run timed out (its sidecars may be partial)"
+    code = record.get("exit_code")
+    if code is None:
+        return "the cell's run did not start or was not recorded with an exit code"
+    if code != 0:
+        return f"the cell's run exited {code}"
+    verdict = record.get("verdict")
+    if verdict in NO_PROBE_VERDICTS:
+        why = next((str(r) for r in record.get("reasons") or [] if isinstance(r, str)), "")
+        return f"the cell is {verdict}" + (f" ({why[:200]})" if why else "")
+    return None
+
+
+def probe_plan(record: dict[str, Any], launcher: str = "local") -> str | None:
+    """After a cell, with probing asked for: ``"probe"`` (start a probe run), None (it completed
+    without drift: nothing to localise), or why no probe run may follow (for the note)."""
+    why = probe_refusal(record)
+    if why is None and not drifts(record):
+        return None
+    if why is None and launcher != "local":
+        why = f"probe runs use the local launcher; this matrix uses {launcher!r}"
+    return why or "probe"
+
+
+def write_probe_note(run_dir: Path, why: str, write: Any = None) -> dict[str, Any]:
+    """``<run dir>/probe-note.json``: no probe run, and why (the record's ``localisation``)."""
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+
+    note: dict[str, Any] = {
+        "status": "not_run", "probe_run": None, "operators": [], "first_divergent": None,
+        "per_layer": [], "growth": None, "vocab": None, "tokens": [],
+        "reasons": [f"no probe run: {why}; a probe run follows only a completed run that "
+                    "drifted"],
+        "summary": f"no probe run: {why}"}
+    (write or write_json_atomic)(run_dir / PROBE_NOTE, note)
+    return note
+
+
 def new_probe_dir(run_dir: Path) -> Path:
     """``<run dir>/probe``, else ``probe.2``, ``probe.3``, ...: never an existing one."""
     n = 1

@@ -203,7 +203,8 @@ def analyze_run(
 
 
 def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
-    """The latest probe run's ``localisation.json`` (``judge/probe.py``), if the cell has one."""
+    """The latest probe run's ``localisation.json`` (``judge/probe.py``), if the cell has one;
+    else its ``probe-note.json`` (probing was asked for, but the run timed out or errored)."""
     from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
 
     found = []
@@ -211,8 +212,11 @@ def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
         tail = p.parent.name.removeprefix("probe").removeprefix(".")
         if tail == "" or tail.isdigit():
             found.append((int(tail or 1), p))
-    if not found:
-        return
+    if not found:  # no probe run: the note saying why none was run, if there is one
+        note = run_dir / "probe-note.json"
+        if not note.is_file():
+            return
+        found.append((0, note))
     path = max(found)[1]
     try:
         loc = json.loads(read_bytes(path, run_dir, 16 * 1024 * 1024))
@@ -220,8 +224,8 @@ def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
             raise ValueError("not a localisation object")
     except (Refused, ValueError, UnicodeDecodeError) as exc:
         loc = {"status": "incomparable", "first_divergent": None,
-               "reasons": [f"{path.parent.name}/localisation.json: unreadable: {exc}"],
-               "summary": "probe incomparable: localisation.json unreadable"}
+               "reasons": [f"{path.relative_to(run_dir)}: unreadable: {exc}"],
+               "summary": f"probe incomparable: {path.name} unreadable"}
     record["localisation"] = loc
 
 
