@@ -206,11 +206,12 @@ class ModuleKernel:
     tp: Group = field(default_factory=Group)  # tensor-parallel group (size 1: no TP)
     tap: Any = None  # probe.Tap (probe / perturbation drill); None: neither asked for
 
-    def _o(self, name: str, t: Tensor, shard: str | None = None) -> Tensor:
-        """Hand operator ``name``'s output to the tap (``shard``: col/row under TP)."""
+    def _o(self, name: str, t: Tensor, shard: str | None = None, at: int | None = None) -> Tensor:
+        """Hand operator ``name``'s output to the tap (``shard``: col/row under TP; ``at``: the
+        first of the forward's rows ``t`` holds, for a chunk of rows)."""
         if self.tap is None:
             return t
-        out: Tensor = self.tap.out(name, t, shard if self.tp.size > 1 else None)
+        out: Tensor = self.tap.out(name, t, shard if self.tp.size > 1 else None, at)
         return out
 
     def _tiles(self, rows: int) -> AbstractContextManager[None]:
@@ -326,12 +327,22 @@ class AttentionKernel(ModuleKernel):
         xn = o_(n + "input_layernorm",
                 tk.rmsnorm(x.reshape(b * t, h), lw.input_norm, self.eps, self.dtype))
         qkv = tk.matmul(xn, wqkv, torch.float32)
-        if self.tap is not None:  # q/k norm are fused with RoPE here: not tapped separately
+        cos, sin = inp.cos.reshape(b * t, d), inp.sin.reshape(b * t, d)
+        if self.tap is None:
+            q, k, v = tk.qk_norm_rope(qkv, cos, sin, lw.q_norm, lw.k_norm, hq, hkv, self.eps,
+                                      self.dtype)
+        else:
             q_, k_, v_ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
             qkv = torch.cat([o_(n + "self_attn.q_proj", q_), o_(n + "self_attn.k_proj", k_),
                              o_(n + "self_attn.v_proj", v_)], dim=-1)
-        q, k, v = tk.qk_norm_rope(qkv, inp.cos.reshape(b * t, d), inp.sin.reshape(b * t, d),
-                                  lw.q_norm, lw.k_norm, hq, hkv, self.eps, self.dtype)
+            # q/k norm are fused with RoPE: the kernel also stores the fp32 norm outputs (and
+            # applies a drill on them itself); the tap records them as the torch R path does.
+            scale = (self.tap.perturbs(n + "self_attn.q_norm"),
+                     self.tap.perturbs(n + "self_attn.k_norm"))
+            q, k, v, qn, kn = tk.qk_norm_rope(qkv, cos, sin, lw.q_norm, lw.k_norm, hq, hkv,
+                                              self.eps, self.dtype, store_norm=True, scale=scale)
+            self.tap.out(n + "self_attn.q_norm", qn)
+            self.tap.out(n + "self_attn.k_norm", kn)
         q, k, v = q.reshape(b, t, hq, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
         if inp.cache is not None:
             self._write_cache(inp, k, v)
@@ -471,13 +482,17 @@ class LogpKernel(ModuleKernel):
     def _r_triton(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor | None,
                   temperature: float) -> Tensor:
         """Chunked over rows; per row: fp32 logits, fixed-order log-sum-exp, ``z - lse``."""
-        tk = _tk()
-        hn = tk.rmsnorm(h, norm_w, self.eps, self.dtype)
+        tk, o_ = _tk(), self._o
+        hn = o_("model.norm", tk.rmsnorm(h, norm_w, self.eps, self.dtype))
+        tap = None if self.tap is None else lambda s, z: o_("lm_head", z, at=s)
         outs = []
-        for s, z in tk.logits_chunks(hn, lm_head, temperature):
+        for s, z in tk.logits_chunks(hn, lm_head, temperature, tap):
             lse = tk.logsumexp(z)
             if targets is None:
-                outs.append(z.sub_(lse[:, None]))
+                outs.append(o_("log_softmax", z.sub_(lse[:, None]), at=s))
+            elif tap is not None:  # probed: the full row (the same z - lse bits), then gathered
+                lp = o_("log_softmax", z - lse[:, None], at=s)
+                outs.append(lp.gather(-1, targets[s:s + z.shape[0], None])[:, 0])
             else:
                 outs.append(z.gather(-1, targets[s:s + z.shape[0], None])[:, 0] - lse)
         if len(outs) == 1:

@@ -113,19 +113,26 @@ class Tap:
         """Name the rows of the next forward (flattened ``[B * T]``): ``(sample, pos)`` or None."""
         self.keys = keys
 
-    def out(self, name: str, t: Tensor, shard: str | None = None) -> Tensor:
+    def out(self, name: str, t: Tensor, shard: str | None = None,
+            at: int | None = None) -> Tensor:
         """Operator ``name`` produced ``t`` (rows first); returns it, perturbed if drilled.
 
         ``shard``: ``"col"`` (this TP rank's slice of the last dim) or ``"row"`` (a partial sum
-        of a row-parallel output) when tensor parallelism splits it; None: replicated."""
+        of a row-parallel output) when tensor parallelism splits it; None: replicated.
+        ``at``: ``t`` holds the forward's rows ``at, at + 1, ...`` only (a chunk of rows)."""
         if self.perturb == name:
             t = t * PERTURB_FACTOR
         if self.recording:
             if self._tiles is not None:
                 self._tiles.setdefault(name, []).append((t, shard))  # type: ignore[arg-type]
             else:
-                self._keep(name, t, shard)
+                self._keep(name, t, shard, at)
         return t
+
+    def perturbs(self, name: str) -> float:
+        """The drill's factor for operator ``name`` (1.0: not drilled), for fused kernels that
+        apply it themselves and hand ``out`` the unperturbed output to record."""
+        return PERTURB_FACTOR if self.perturb == name else 1.0
 
     @contextmanager
     def tiled(self, rows: int) -> Iterator[None]:
@@ -139,22 +146,23 @@ class Tap:
             pieces = self._tiles
         finally:
             self._tiles = outer
-        for name, parts in pieces.items():
-            self.out(name, torch.cat([p for p, _ in parts])[:rows], parts[0][1])
+        for name, parts in pieces.items():  # already perturbed: recorded as they went on
+            self._keep(name, torch.cat([p for p, _ in parts])[:rows], parts[0][1])
 
-    def _keep(self, name: str, t: Tensor, shard: str | None) -> None:
-        if not self.keys or t.numel() % len(self.keys):
+    def _keep(self, name: str, t: Tensor, shard: str | None, at: int | None = None) -> None:
+        keys = self.keys if at is None else self.keys[at:at + t.shape[0]]
+        if not keys or t.numel() % len(keys):
             raise RuntimeError(f"probe: {name} of shape {tuple(t.shape)} does not split into "
-                               f"the forward's {len(self.keys)} rows")
-        flat = t.reshape(len(self.keys), -1)
-        idx = [i for i, k in enumerate(self.keys) if k is not None and k in self.wanted]
+                               f"the forward's {len(keys)} rows")
+        flat = t.reshape(len(keys), -1)
+        idx = [i for i, k in enumerate(keys) if k is not None and k in self.wanted]
         sel = flat[idx].detach()
         if self.tp.size > 1 and shard is not None:  # every TP rank taps the same rows
             parts = self.tp.gather(sel.float() if shard == "row" else sel)
             sel = fixed_order_sum(parts) if shard == "row" else torch.cat(parts, dim=-1)
         sel = sel.cpu().clone()
         for r, i in enumerate(idx):
-            key = self.keys[i]
+            key = keys[i]
             assert key is not None
             self.records.setdefault(key, {})[name] = sel[r]
 

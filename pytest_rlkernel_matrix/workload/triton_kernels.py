@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -159,9 +159,14 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M"])
     def _qk_norm_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_ptr, k_ptr, v_ptr,
-                             M, s_qkv, s_q, s_k, s_v, s_cos, eps,
-                             HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
-        """Per (token, head): q/k RMSNorm over the head dim, then RoPE; v is cast."""
+                             qo_ptr, ko_ptr, M, s_qkv, s_q, s_k, s_v, s_cos, s_qo, s_ko, eps,
+                             q_scale, k_scale, HQ: tl.constexpr, HKV: tl.constexpr,
+                             D: tl.constexpr, STORE_NORM: tl.constexpr, SCALE: tl.constexpr):
+        """Per (token, head): q/k RMSNorm over the head dim, then RoPE; v is cast.
+
+        Probes only (compile-time switches; off, the kernel is the measured one): STORE_NORM
+        also stores the fp32 q/k norm outputs before RoPE to ``qo``/``ko``; SCALE multiplies
+        them by ``q_scale``/``k_scale`` before RoPE (the perturbation drill)."""
         row = tl.program_id(0)
         head = tl.program_id(1)
         half = tl.arange(0, D // 2)
@@ -172,15 +177,24 @@ if triton is not None:
             if head < HQ:
                 w_base = qn_ptr
                 out = q_ptr + row * s_q + head * D
+                nrm = qo_ptr + row * s_qo + head * D
             else:
                 w_base = kn_ptr
                 out = k_ptr + row * s_k + (head - HQ) * D
+                nrm = ko_ptr + row * s_ko + (head - HQ) * D
             w1 = tl.load(w_base + half).to(tl.float32)
             w2 = tl.load(w_base + D // 2 + half).to(tl.float32)
             var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D
             r = 1.0 / tl.sqrt(var + eps)
             n1 = x1 * r * w1
             n2 = x2 * r * w2
+            if STORE_NORM:
+                tl.store(nrm + half, n1)
+                tl.store(nrm + D // 2 + half, n2)
+            if SCALE:
+                sc = tl.where(head < HQ, q_scale, k_scale)
+                n1 = n1 * sc
+                n2 = n2 * sc
             c1 = tl.load(cos_ptr + row * s_cos + half)
             c2 = tl.load(cos_ptr + row * s_cos + D // 2 + half)
             s1 = tl.load(sin_ptr + row * s_cos + half)
@@ -320,12 +334,16 @@ def rmsnorm(x: Tensor, w: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
 
 
 def qk_norm_rope(qkv: Tensor, cos: Tensor, sin: Tensor, q_norm: Tensor, k_norm: Tensor,
-                 hq: int, hkv: int, eps: float,
-                 out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+                 hq: int, hkv: int, eps: float, out_dtype: torch.dtype, *,
+                 store_norm: bool = False,
+                 scale: tuple[float, float] = (1.0, 1.0)) -> tuple[Tensor, ...]:
     """Split ``qkv [M, (hq + 2 hkv) D]``: q/k RMSNorm + RoPE, v cast.
 
     ``cos``/``sin`` ``[M, D]`` fp32 are each row's RoPE values (gathered at its position).
-    Returns ``q [M, hq, D]``, ``k [M, hkv, D]``, ``v [M, hkv, D]`` in ``out_dtype``.
+    Returns ``q [M, hq, D]``, ``k [M, hkv, D]``, ``v [M, hkv, D]`` in ``out_dtype``; with
+    ``store_norm`` also the fp32 q/k norm outputs before RoPE, ``[M, hq, D]`` and ``[M, hkv, D]``
+    (a probe's ``self_attn.q_norm`` / ``k_norm``). ``scale``: (q, k) factors applied to the norm
+    outputs before RoPE (the perturbation drill; ``(1.0, 1.0)`` compiles the measured kernel).
     """
     _check(qkv, "qk_norm_rope qkv", 2)
     m = qkv.shape[0]
@@ -338,11 +356,17 @@ def qk_norm_rope(qkv: Tensor, cos: Tensor, sin: Tensor, q_norm: Tensor, k_norm: 
     q = torch.empty(m, hq, d, device=qkv.device, dtype=out_dtype)
     k = torch.empty(m, hkv, d, device=qkv.device, dtype=out_dtype)
     v = torch.empty(m, hkv, d, device=qkv.device, dtype=out_dtype)
+    qo, ko = q, k  # not written unless store_norm
+    if store_norm:
+        qo = torch.empty(m, hq, d, device=qkv.device, dtype=torch.float32)
+        ko = torch.empty(m, hkv, d, device=qkv.device, dtype=torch.float32)
     if m:
         _qk_norm_rope_kernel[(m, hq + 2 * hkv)](
-            qkv, cos, sin, q_norm, k_norm, q, k, v, m, qkv.stride(0), q.stride(0),
-            k.stride(0), v.stride(0), cos.stride(0), eps, HQ=hq, HKV=hkv, D=d, num_warps=1)
-    return q, k, v
+            qkv, cos, sin, q_norm, k_norm, q, k, v, qo, ko, m, qkv.stride(0), q.stride(0),
+            k.stride(0), v.stride(0), cos.stride(0), qo.stride(0), ko.stride(0), eps,
+            float(scale[0]), float(scale[1]), HQ=hq, HKV=hkv, D=d, STORE_NORM=store_norm,
+            SCALE=tuple(scale) != (1.0, 1.0), num_warps=1)
+    return (q, k, v, qo, ko) if store_norm else (q, k, v)
 
 
 def swiglu(gu: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -400,11 +424,17 @@ def logsumexp(z: Tensor) -> Tensor:
     return out
 
 
-def logits_chunks(hn: Tensor, lm_head: Tensor,
-                  temperature: float) -> Iterator[tuple[int, Tensor]]:
-    """Yield ``(row_start, z)``: temperature-scaled fp32 logits per chunk of rows."""
+def logits_chunks(hn: Tensor, lm_head: Tensor, temperature: float,
+                  tap: Callable[[int, Tensor], Tensor] | None = None,
+                  ) -> Iterator[tuple[int, Tensor]]:
+    """Yield ``(row_start, z)``: temperature-scaled fp32 logits per chunk of rows.
+
+    ``tap(row_start, logits)`` (a probe's ``lm_head``) sees each chunk's logits before the
+    temperature and returns the ones to go on with."""
     for s in range(0, hn.shape[0], _ROW_CHUNK):
         z = matmul(hn[s:s + _ROW_CHUNK], lm_head, torch.float32)
+        if tap is not None:
+            z = tap(s, z)
         if temperature != 1.0:
             z.div_(temperature)  # one IEEE division per element, as on every path
         yield s, z

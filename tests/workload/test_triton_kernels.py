@@ -118,6 +118,107 @@ def test_qk_norm_rope_rows_batch_invariant() -> None:
     assert rel(v, x[:, hq + hkv:]) < TOL
 
 
+@pytest.mark.gpu
+@needs_kernels
+def test_qk_norm_rope_probe_outputs_and_drill() -> None:
+    """A probe's switches: the stored fp32 norm outputs leave q/k/v bitwise as measured; the
+    drill's scale multiplies q's (or k's) norm output before RoPE and nothing else."""
+    _, hq, hkv, d, _, _ = SHAPE
+    m = 40 if CUDA else 5
+    qkv = rnd(m, (hq + 2 * hkv) * d, seed=27).float()
+    ang = torch.rand(m, d // 2, generator=torch.Generator().manual_seed(28)).double() * 6
+    cos = torch.cat([ang.cos(), ang.cos()], -1).float().to(DEV)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).float().to(DEV)
+    qn, kn = rnd(d, seed=29, scale=0.1) + 1, rnd(d, seed=30, scale=0.1) + 1
+    base = tk().qk_norm_rope(qkv, cos, sin, qn, kn, hq, hkv, 1e-6, DT)
+    q, k, v, nq, nk = tk().qk_norm_rope(qkv, cos, sin, qn, kn, hq, hkv, 1e-6, DT,
+                                        store_norm=True)
+    assert all(torch.equal(a, b) for a, b in zip(base, (q, k, v), strict=True))
+    assert nq.dtype == nk.dtype == torch.float32
+    x = qkv.double().reshape(m, hq + 2 * hkv, d)
+    for got, h, w in ((nq, x[:, :hq], qn), (nk, x[:, hq:hq + hkv], kn)):
+        ref = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6) * w.double()
+        assert rel(got, ref) < 1e-5
+    f = 1.0 + 2.0 ** -7
+    q2, k2, v2, nq2, nk2 = tk().qk_norm_rope(qkv, cos, sin, qn, kn, hq, hkv, 1e-6, DT,
+                                             store_norm=True, scale=(f, 1.0))
+    assert torch.equal(nq2, nq) and torch.equal(nk2, nk)  # stored before the drill's scale
+    assert torch.equal(k2, k) and torch.equal(v2, v) and not torch.equal(q2, q)
+    n = nq.double() * f
+    rot = torch.cat([-n[..., d // 2:], n[..., :d // 2]], -1)
+    ref = n * cos.double()[:, None] + rot * sin.double()[:, None]
+    assert rel(q2, ref) < TOL
+    _, k3, _ = tk().qk_norm_rope(qkv, cos, sin, qn, kn, hq, hkv, 1e-6, DT, scale=(1.0, f))
+    assert not torch.equal(k3, k)
+
+
+def _probed_model_run(perturb: tuple[str, str] | None) -> dict[str, dict]:
+    """R via Triton on both sides, with probe taps: rollout (prefill + decode) then the training
+    recompute; each side's records ``{(sample, logit position): {operator: tensor}}``."""
+    from pytest_rlkernel_matrix.workload.job import run_rollout, run_training
+    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+    from pytest_rlkernel_matrix.workload.parallel import Group
+    from pytest_rlkernel_matrix.workload.probe import ProbeRequest
+
+    cfg = PRESETS["small" if CUDA else "tiny"]
+    w = init_weights(cfg, 0, DT, DEV)
+    impls = dict.fromkeys(("attention", "ffn", "logp"), "rl_kernel")
+    tiling = Tiling.for_device(DEV, 32)
+    req = ProbeRequest(enabled=True, perturb=perturb)
+    ks = {s: SideKernels.build(s, impls, DT, tiling, cfg.rms_norm_eps, "triton",
+                               tap=req.tap(s, Group())) for s in ("training", "rollout")}
+    gen = torch.Generator().manual_seed(1)
+    plens = [5, 9, 3]
+    prompts = [torch.randint(2, cfg.vocab_size, (n,), generator=gen).to(DEV) for n in plens]
+    for s in ks:  # token 0 (the prefill's last row) and token 2 (a decode step)
+        ks[s].tap.wanted = {(i, plens[i] + j - 1) for i in range(3) for j in (0, 2)}
+    with torch.inference_mode():
+        ro = run_rollout(Qwen3(cfg, {n: t.clone() for n, t in w.items()}, 32), ks["rollout"],
+                         prompts, [4, 4, 4], 1.0, 0.95, torch.Generator(device=DEV).manual_seed(2))
+        train = run_training(Qwen3(cfg, w, 32), ks["training"], ro, 2, 1.0, [2, 0, 1])
+    if perturb is None and not INTERPRET:  # the interpreter's numpy dot is not row-invariant
+        for a, b in zip(train, ro.logprobs, strict=True):
+            assert torch.equal(a, b)
+    return {s: ks[s].tap.records for s in ks}
+
+
+@pytest.mark.gpu
+@needs_kernels
+def test_probe_taps_every_operator_on_the_triton_path() -> None:
+    """Every operator of the probe format is tapped on the Triton R path, with the same shapes
+    and, on a GPU, the same bits on rollout and training (R/R). The drill on a fused operator
+    (q_norm) and on down_proj changes exactly that operator first, by the drill's factor."""
+    from pytest_rlkernel_matrix.workload.model import PRESETS
+    from pytest_rlkernel_matrix.workload.probe import PERTURB_FACTOR, operator_names
+
+    ops = [*operator_names(PRESETS["small" if CUDA else "tiny"].num_hidden_layers),
+           "log_softmax"]
+    base = _probed_model_run(None)
+    assert set(base["training"]) == set(base["rollout"]) and len(base["training"]) == 6
+    for key, row in base["training"].items():
+        other = base["rollout"][key]
+        assert sorted(row) == sorted(other) == sorted(ops), key  # every operator tapped
+        for op in ops:
+            assert row[op].shape == other[op].shape and row[op].dtype == other[op].dtype
+            assert INTERPRET or torch.equal(row[op], other[op]), (key, op)
+    drills = ["model.layers.1.self_attn.q_norm", "model.layers.1.mlp.down_proj"]
+    for op in drills if CUDA else drills[:1]:  # the interpreter: the fused one only (slow)
+        drilled = _probed_model_run(("rollout", op))
+        for key in ((0, 4), (1, 8), (2, 2)):  # token 0: same inputs as undrilled (the prompt)
+            row, was = drilled["rollout"][key], base["rollout"][key]
+            first = next(o for o in ops if not torch.equal(row[o], was[o]))
+            assert first == op, (key, first)
+            assert torch.equal(row[op], was[op] * PERTURB_FACTOR)  # the drill, as recorded
+            assert all(torch.equal(t, base["training"][key][o])  # training: undrilled
+                       for o, t in drilled["training"][key].items())
+        if not INTERPRET:  # the probe's view: training vs rollout on the same tokens
+            for key, row in drilled["training"].items():
+                other = drilled["rollout"][key]
+                first = next(o for o in ops if not torch.equal(row[o], other[o]))
+                assert first == op, (key, first)
+
+
 def _attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     b, t, hq, d = q.shape
     g = hq // k.shape[2]
