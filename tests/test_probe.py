@@ -292,3 +292,56 @@ def test_probe_plan() -> None:
     assert fb == "the cell is fallback (attention fell back to P)"
     assert "local launcher" in str(probe_plan(done, "slurm"))
     assert probe_plan({**done, "mismatch_count": 0}, "slurm") is None
+
+
+# -- the GPU path (the lead runs these on the H200: `pytest -m gpu tests/test_probe.py`) ----------
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA/ROCm device")
+
+
+def _gpu_run(tmp: Path, cases: dict[str, str], extra: dict[str, str] | None = None) -> Path:
+    import json
+
+    art = _run(tmp, cases, extra, ["--device", "cuda"])
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["decode_graphs"] is False  # a probed rollout decodes eagerly
+    if any(c != "P/P" for c in cases.values()):
+        assert manifest["r_backend"] == "triton", manifest["r_backend"]  # the Triton R kernels
+    return art
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_rr_probe_every_operator_bitwise(tmp_path: Path) -> None:
+    art = _gpu_run(tmp_path, RR)
+    loc = localise(art / "probes", root=art)
+    assert loc["status"] == "no_divergence", loc["reasons"]
+    assert loc["reasons"] == []
+    compared = [e for e in loc["operators"] if e["status"] == "compared"]
+    assert len(compared) == 1 + 2 * 13 + 2  # every operator of the format, tiny preset
+    assert all(e["bitwise"] for e in compared)
+    assert loc["vocab"]["kl_rollout_train_mean"] == 0.0 and loc["vocab"]["top1_agreement"] == 1.0
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("op", ["model.layers.1.mlp.down_proj",
+                                "model.layers.0.self_attn.k_norm", "lm_head"])
+def test_gpu_perturbation_drill_names_exactly_that_operator(tmp_path: Path, op: str) -> None:
+    art = _gpu_run(tmp_path, RR, {"RLK_REF_PERTURB": f"rollout:{op}"})
+    loc = localise(art / "probes", root=art)
+    first = loc["first_divergent"]
+    assert first["operator"] == op and first["sides"] == ["rollout"], loc["summary"]
+    names = [e["name"] for e in loc["operators"]]
+    assert all(e["status"] == "compared" and e["bitwise"]
+               for e in loc["operators"][:names.index(op)])
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_attention_pr_first_divergent_in_layer0_attention_training(tmp_path: Path) -> None:
+    art = _gpu_run(tmp_path, {"attention": "P/R", "ffn": "R/R", "logp": "R/R"})
+    loc = localise(art / "probes", root=art)
+    first = loc["first_divergent"]
+    assert first["layer"] == 0 and first["module"] == "attention" and first["sides"] == ["training"]
