@@ -108,6 +108,31 @@ def test_tp2_same_localisation_as_tp1(tmp_path: Path) -> None:
     assert [e["name"] for e in a["operators"]] == [e["name"] for e in b["operators"]]
 
 
+@pytest.mark.skipif(os.environ.get("RLK_SLOW") != "1" and (os.cpu_count() or 1) < 4,
+                    reason="cp 2 on this machine is slow; RLK_SLOW=1 runs it")
+def test_cp2_same_localisation_as_cp1(tmp_path: Path) -> None:
+    """Context parallel: each CP rank probes the positions it holds (training) and every rank
+    the whole rollout (replicas); together the same operators, tokens and first divergence."""
+    import json
+
+    op = "model.layers.0.self_attn.attn"  # the operator that reads every CP rank's keys
+    one = _run(tmp_path / "cp1", RR, {"RLK_REF_PERTURB": f"training:{op}"})
+    two = _run(tmp_path / "cp2", RR, {"RLK_REF_PERTURB": f"training:{op}"}, ["--cp", "2"])
+    index = json.loads((two / "probes" / "index.json").read_text())
+    assert index["context_parallel_size"] == 2
+    assert sorted(index["files"]) == sorted(p.name for p in (two / "probes").glob("*.pt"))
+    assert len(index["files"]) == 4  # two sides x two ranks
+    a, b = localise(one / "probes", root=one), localise(two / "probes", root=two)
+    assert b["reasons"] == [], b["reasons"]  # the CP ranks' rollout replicas agree
+    assert a["first_divergent"]["operator"] == b["first_divergent"]["operator"] == op
+    assert a["first_divergent"]["sides"] == b["first_divergent"]["sides"] == ["training"]
+    assert [e["name"] for e in a["operators"]] == [e["name"] for e in b["operators"]]
+    assert ([(t["sample"], t["position"]) for t in a["tokens"]]
+            == [(t["sample"], t["position"]) for t in b["tokens"]])
+    names = [e["name"] for e in b["operators"]]
+    assert all(e["bitwise"] for e in b["operators"][:names.index(op)])
+
+
 # -- readers: hardened ---------------------------------------------------------------------------
 
 
