@@ -245,7 +245,7 @@ def _probe(args: argparse.Namespace) -> int:
     """Probe one finished cell afterwards: a separate probe run, then the report rewritten."""
     import shlex
 
-    from pytest_rlkernel_matrix.judge.probe import probe_cell
+    from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_refusal
     from pytest_rlkernel_matrix.report.reanalyze import reanalyze
     from pytest_rlkernel_matrix.run.rootlock import RootBusy, claim
     from pytest_rlkernel_matrix.store.redact import REDACTED
@@ -260,6 +260,10 @@ def _probe(args: argparse.Namespace) -> int:
     command = (meta.get("run") or {}).get("command")
     if not command:
         print(f"rlk-matrix: {run_dir}/cell-run.json records no command", file=sys.stderr)
+        return 2
+    why = probe_refusal({k: (meta.get("run") or {}).get(k) for k in ("exit_code", "timed_out")})
+    if why is not None:  # a probe run follows only a completed run
+        print(f"rlk-matrix: no probe run of {run_dir}: {why}", file=sys.stderr)
         return 2
     cwd = Path.cwd()
     case_env = run_dir / "matrix-case.env"

@@ -274,13 +274,14 @@ def test_timed_out_cell_gets_a_probe_note_not_a_probe_run(pytester: pytest.Pytes
 
 
 def test_errored_cell_gets_a_note_and_a_completed_drifting_one_a_probe_run(
-        pytester: pytest.Pytester, make_matrix, tmp_path: Path) -> None:
-    from conftest import FAKE, matrix_toml
-
-    fails = matrix_toml(modules='["attention"]').replace(
-        f'command = ["{sys.executable}", "{FAKE}"]',
-        f'command = ["sh", "-c", "{sys.executable} {FAKE}; exit 3"]')
-    pytester.makefile(".toml", matrix=fails)
+        pytester: pytest.Pytester, make_matrix, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fake = Path(__file__).with_name("fake_framework.py")
+    toml = make_matrix(modules='["attention"]')
+    fails = toml.read_text().replace(f'command = ["{sys.executable}", "{fake}"]',
+                                     f'command = ["sh", "-c", "{sys.executable} {fake}; exit 3"]')
+    assert "exit 3" in fails
+    toml.write_text(fails)
     bad = tmp_path / "bad"
     pytester.runpytest(f"--rlk-matrix-root={bad}", "--rlk-probe", "-k", "attention and P/R")
     cell = _session_cell(bad, "attention-pr")
@@ -288,6 +289,11 @@ def test_errored_cell_gets_a_note_and_a_completed_drifting_one_a_probe_run(
     assert cell["mismatch_count"] > 0  # it drifted, but its run did not complete
     assert not list((bad / "cpu" / "attention-pr").glob("probe*/"))
     assert cell["localisation"]["summary"] == "no probe run: the cell's run exited 3"
+    from pytest_rlkernel_matrix.cli import main
+
+    assert main(["probe", str(bad), "cpu/attention-pr"]) == 2  # afterwards: refused as well
+    assert "no probe run of" in capsys.readouterr().err
+    assert not list((bad / "cpu" / "attention-pr").glob("probe*/"))
 
     make_matrix(modules='["attention"]')
     good = tmp_path / "good"

@@ -339,10 +339,12 @@ class AttentionKernel(ModuleKernel):
             # applies a drill on them itself); the tap records them as the torch R path does.
             scale = (self.tap.perturbs(n + "self_attn.q_norm"),
                      self.tap.perturbs(n + "self_attn.k_norm"))
-            q, k, v, qn, kn = tk.qk_norm_rope(qkv, cos, sin, lw.q_norm, lw.k_norm, hq, hkv,
-                                              self.eps, self.dtype, store_norm=True, scale=scale)
-            self.tap.out(n + "self_attn.q_norm", qn)
-            self.tap.out(n + "self_attn.k_norm", kn)
+            rec = bool(self.tap.recording)
+            q, k, v, *norms = tk.qk_norm_rope(qkv, cos, sin, lw.q_norm, lw.k_norm, hq, hkv,
+                                              self.eps, self.dtype, store_norm=rec, scale=scale)
+            if rec:
+                self.tap.out(n + "self_attn.q_norm", norms[0])
+                self.tap.out(n + "self_attn.k_norm", norms[1])
         q, k, v = q.reshape(b, t, hq, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
         if inp.cache is not None:
             self._write_cache(inp, k, v)
