@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for issue 21's probe on an H200: the GPU probe tests (the Triton R path taps
 # every operator; R/R bitwise; the drill named first), then the attention R/R and P/R cells of
-# docs/examples/h200-probe-matrix.toml with --rlk-probe. Under $OUT (8 files, flat): env.log,
+# docs/examples/h200-probe-lite.toml with --rlk-probe. Under $OUT (8 files, flat): env.log,
 # tests.log, matrix.log, matrix-report.json, matrix-report.html, preflight.json,
 # pr-localisation.json and pr-probe-run.log (the P/R probe run's log tail).
 # Usage: scripts/h200_probe.sh [stages]   stages: any of tests,matrix (default: tests,matrix).
@@ -9,7 +9,7 @@
 set -u
 OUT=${OUT:-/tmp/rlk-out}
 STAGES=${1:-tests,matrix}
-MATRIX=${PROBE_MATRIX:-docs/examples/h200-probe-matrix.toml}
+MATRIX=${PROBE_MATRIX:-docs/examples/h200-probe-lite.toml}
 HW=${PROBE_HARDWARE:-h200}
 ROOT=${PROBE_ROOT:-/tmp/rlk-probe-matrix-$(date -u +%Y%m%dT%H%M%S)}  # a fresh root every call
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
