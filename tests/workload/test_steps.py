@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from test_job import run_cell
 
 from pytest_rlkernel_matrix.judge.steps import compare_runs, read_steps, trend
@@ -33,15 +35,33 @@ def test_rr_every_step_bitwise_weights_per_version_and_run_to_run(tmp_path: Path
     assert log is None or "step 2:" in log.read_text()
 
 
-def test_nondeterministic_drill_fails_only_run_to_run(tmp_path: Path) -> None:
-    fault = "nondeterministic:attention:training"
+@pytest.mark.parametrize(("side", "first"), [("training", 1), ("rollout", 0)])
+def test_nondeterministic_drill_fails_only_run_to_run(tmp_path: Path, side: str,
+                                                      first: int) -> None:
+    """Training: the gradients vary, so step 0's sidecar is the same and step 1's is not.
+    Rollout: the sampler varies, so step 0 already differs; train and rollout stay bitwise."""
+    fault = f"nondeterministic:attention:{side}"
     a, b = _run(tmp_path, "a", 3, fault), _run(tmp_path, "b", 3, fault)
     st = read_steps(a)
     assert st.bitwise_claim().status == "holds"
     assert st.weights_claim().status == "holds"
     r2r = compare_runs(a, b)
     assert r2r.status == "fails"
-    assert r2r.detail.startswith("fails at step 1, rank 0, sample "), r2r.detail
+    assert r2r.detail.startswith(f"fails at step {first}, rank 0, sample "), r2r.detail
+    assert json.loads((a / "manifest.json").read_text())["fault_drill"]["applied"] is True
+
+
+def test_nondeterministic_drill_not_applied_off_the_r_path(tmp_path: Path) -> None:
+    """attention P/P: the drill's module side runs production, so the drill does nothing."""
+    fault = "nondeterministic:attention:rollout"
+    runs = []
+    for name in ("a", "b"):
+        proc, d = run_cell(tmp_path / name, cases="P/P R/R R/R", mode="audit", fault=fault,
+                           args=[*STEPS, "--steps", "2"])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(d)
+    assert json.loads((runs[0] / "manifest.json").read_text())["fault_drill"]["applied"] is False
+    assert compare_runs(*runs).status == "holds"
 
 
 def test_drift_growth_grows_and_names_first_step(tmp_path: Path) -> None:
