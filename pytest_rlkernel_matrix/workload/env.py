@@ -34,6 +34,20 @@ RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
     "tiny": (8, 48, 4), "small": (16, 160, 3), "qwen3-0.6b": (320, 256, 32)}
 
 
+NONCE_ENV = "RLK_REF_FAULT_NONCE"
+
+
+def run_nonce() -> int:
+    """The nondeterministic drill's per-run value: drawn once by the launching process (before
+    it starts its ranks, ``FaultDrill.from_env``) and handed to them in ``RLK_REF_FAULT_NONCE``,
+    so it is the same within a run and differs between runs."""
+    raw = os.environ.get(NONCE_ENV, "")
+    if not raw.isdigit():
+        raw = str(int.from_bytes(os.urandom(4), "little") or 1)
+        os.environ[NONCE_ENV] = raw
+    return int(raw)
+
+
 class UsageError(Exception):
     """Bad environment or options: exit 2 with a message."""
 
@@ -58,8 +72,6 @@ class FaultDrill:
             raise UsageError(f"RLK_REF_FAULT={raw!r}: expected <kind>[:<module>[:<side>]] with "
                              f"kind in {FAULT_KINDS}, module in {ALL_MODULES}, side in {SIDES}")
         if drill.kind == "nondeterministic":  # drawn here, before the ranks start
-            from .rl import run_nonce
-
             run_nonce()
         return drill
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from .env import run_nonce
+
 if TYPE_CHECKING:
     from .env import FaultDrill
     from .kernels import SideKernels
@@ -133,20 +135,6 @@ def write_audit(directory: Path, weights: dict[str, Tensor], version: str, side:
     else:
         write(directory / "rollout" / f"{version}.json",
               audit(weights, version, "rollout_loaded_parameters"))
-
-
-NONCE_ENV = "RLK_REF_FAULT_NONCE"
-
-
-def run_nonce() -> int:
-    """The nondeterministic drill's per-run value: drawn once by the launching process (before
-    it starts its ranks, ``FaultDrill.from_env``) and handed to them in ``RLK_REF_FAULT_NONCE``,
-    so it is the same within a run and differs between runs."""
-    raw = os.environ.get(NONCE_ENV, "")
-    if not raw.isdigit():
-        raw = str(int.from_bytes(os.urandom(4), "little") or 1)
-        os.environ[NONCE_ENV] = raw
-    return int(raw)
 
 
 def drill_nonce(drill: FaultDrill | None, recorded: dict | None) -> int:
