@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from test_job import run_cell
 
-from pytest_rlkernel_matrix.judge.steps import compare_runs, read_steps, trend
+from pytest_rlkernel_matrix.judge.steps import compare_runs, judge_claims, read_steps, trend
+from pytest_rlkernel_matrix.report.claims import claim_lines, steps_chart
 
 STEPS = ["--num-prompts", "4", "--max-new-tokens", "10", "--micro-batch-size", "3"]
 
@@ -71,6 +72,20 @@ def test_drift_growth_grows_and_names_first_step(tmp_path: Path) -> None:
     assert claim.status == "fails" and claim.detail.startswith("first non-bitwise step 1:")
     assert st.trend()["conclusion"] == "grows", st.trend()
     assert st.weights_claim().status == "holds"
+    # what the terminal and the HTML make of it (report/claims.py)
+    claims, steps = judge_claims(a, None)
+    rec = {"claims": claims, "steps": steps, "baseline": True, "hardware": "cpu",
+           "module": "attention", "case": "R/R", "artifact_dir": "cpu/attention-rr"}
+    chart = steps_chart(rec)
+    assert chart is not None and chart["first"] == 1
+    assert [p["mark"] for p in chart["points"]] == [False, True, False, False, False]
+    assert [p["cls"] for p in chart["points"]] == ["pt-ok"] + ["pt-bad"] * 4
+    assert chart["trend"].startswith("drift over steps: grows (slope ")
+    (line,) = claim_lines([rec])
+    assert line.startswith("claims cpu attention R/R: train/rollout bitwise FAILS (first "
+                           "non-bitwise step 1: ")
+    assert "; run-to-run bitwise not judged (one run (set [reproducibility] runs = 2" in line
+    assert "; weights bitwise holds (v0..v4, 5 versions); drift over steps: grows" in line
 
 
 def test_lr_zero_keeps_one_weight_version(tmp_path: Path) -> None:
