@@ -32,6 +32,17 @@ def test_rr_every_step_bitwise_weights_per_version_and_run_to_run(tmp_path: Path
     assert len({v["training"] for v in st.weights.values()}) == 3
     assert st.weights_claim().status == "holds"
     assert compare_runs(a, b).status == "holds"
+    # the session's path: the second run's exit-code decides whether it can be compared
+    assert judge_claims(a, "b")[0]["run_to_run_bitwise"]["detail"].startswith(
+        "the second run b exited without a readable exit-code")  # never finished
+    (b / "exit-code").write_text("1\n")
+    assert judge_claims(a, "b")[0]["run_to_run_bitwise"] == {
+        "name": "run_to_run_bitwise", "status": "not judged", "detail": "the second run b "
+        "exited 1", "text": "run_to_run_bitwise: not judged (the second run b exited 1)"}
+    (b / "exit-code").write_text("0\n")
+    assert judge_claims(a, "b")[0]["run_to_run_bitwise"]["status"] == "holds"
+    assert judge_claims(a, "c")[0]["run_to_run_bitwise"]["detail"] == (
+        "the second run c is missing")
     log = (a / "run.log") if (a / "run.log").exists() else None
     assert log is None or "step 2:" in log.read_text()
 
