@@ -502,6 +502,10 @@ class MatrixHooks:
         tr.section("rlk matrix")
         for line in table(list(ms.records.values())):
             tr.write_line(line)
+        from pytest_rlkernel_matrix.report.claims import claim_lines
+
+        for line in claim_lines(ms.records.values()):
+            tr.write_line(line)
         bad = [r for r in ms.records.values() if r["verdict"] not in ("valid", "not_run")]
         for rec in sorted(bad, key=lambda r: (r["hardware"], r["module"], r["case"])):
             state = "FAILED" if rec.get("failed") else "recorded"

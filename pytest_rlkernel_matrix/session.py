@@ -478,7 +478,8 @@ class MatrixSession:
                                   blockers, outcome, cpu_share=retry.cpu_share)
         if outcome.result.interrupted:
             raise KeyboardInterrupt
-        if self.matrix.reproducibility.runs > 1 and cell.is_baseline and not blockers:
+        names = [c.name for c in self.cells if c.run_key == cell.run_key] + [cell.name]
+        if self.matrix.reproducibility.chooses(names, cell.is_baseline) and not blockers:
             record = self._repeat(cell, mode, Path(self.root / record["artifact_dir"]),
                                   env_hook) or record
         return record

@@ -167,6 +167,7 @@ SECTION_MODELS: dict[str, type[BaseModel]] = {
     "preflight": matrix.PreflightSection,
     "runner.slurm": matrix.SlurmSection,
     "performance": matrix.PerformanceSection,
+    "reproducibility": matrix.ReproducibilitySection,
 }
 MENTION_RE = re.compile(r"`\[([a-z0-9_.<>-]+)\] ([a-z_]+)`")
 

@@ -249,15 +249,27 @@ def judge_claims(root: Path, repeat_dir: str | None) -> tuple[dict[str, dict[str
         return {c: Claim(c, "not judged", why).as_dict() for c in CLAIMS}, {}
     if repeat_dir:
         again = root.parent / repeat_dir
-        r2r = (compare_runs(root, again) if again.is_dir() else
-               Claim("run_to_run_bitwise", "not judged", f"the second run {repeat_dir} is "
-                     "missing"))
+        code = _exit_code(again) if again.is_dir() else None
+        r2r = (Claim("run_to_run_bitwise", "not judged", f"the second run {repeat_dir} is "
+                     "missing") if code is None else
+               compare_runs(root, again) if code == "0" else
+               Claim("run_to_run_bitwise", "not judged", f"the second run {repeat_dir} "
+                     f"exited {code}"))
     else:
         r2r = Claim("run_to_run_bitwise", "not judged", "one run (set [reproducibility] "
                     "runs = 2 or --rlk-repeat-baseline)")
     claims = {"train_rollout_bitwise": st.bitwise_claim(), "run_to_run_bitwise": r2r,
               "weights_bitwise": st.weights_claim()}
     return {k: v.as_dict() for k, v in claims.items()}, st.as_dict()
+
+
+def _exit_code(run: Path) -> str:
+    """The run's ``exit-code`` as written by the runner ("0", "1", "not-started", ...)."""
+    try:
+        text = read_bytes(run / "exit-code", run, 64).decode("utf-8", "replace").strip()
+    except (Refused, OSError) as exc:
+        return f"without a readable exit-code ({type(exc).__name__})"
+    return text or "without an exit code (timed out or killed)"
 
 
 def apply_declared(claims: dict[str, dict[str, str]], declared: tuple[str, ...], mode: str,

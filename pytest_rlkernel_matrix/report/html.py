@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import jinja2
+from pytest_rlkernel_matrix.report.claims import claims_rows, steps_chart
 from pytest_rlkernel_matrix.report.html_parts import (
     DRIFT_CLASSES,
     DRIFT_FIELDS,
@@ -363,6 +364,8 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
         "validity": _validity(c), "routes": _routes(c), "fallbacks": _fallbacks(c),
         "facts": _kv(facts), "metrics": _kv(metrics),
         "hist": histogram_view(_map(c.get("dlogp_histogram"))), "phases": phases_view(c),
+        "claims": _table(("claim", "status", "detail"), claims_rows(c), "kv")
+        if isinstance(c.get("claims"), Mapping) else None, "steps": steps_chart(c),
         "loc": localisation_view(_map(c.get("localisation"))),
         "worst": _records_table(worst, ("sample", "rank", "position", "token_id",
                                         "train_logprob", "rollout_logprob", "abs_diff"))

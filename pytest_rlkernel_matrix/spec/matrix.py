@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -377,8 +378,18 @@ class ReproducibilitySection(_Strict):
     """`[reproducibility]`: run the all-R baseline cells `runs` times (same seed, separate
     processes and run directories) and compare sidecar bytes and weight chains."""
 
-    runs: int = Field(default=1, ge=1, le=2, description="1: one run per cell; 2: the baseline "
-                      "runs twice and the run_to_run_bitwise claim is judged")
+    runs: int = Field(default=1, ge=1, le=2, description="1: one run per cell; 2: the chosen "
+                      "cells run twice and the run_to_run_bitwise claim is judged")
+    cells: tuple[str, ...] = Field(
+        default=("baseline",), min_length=1,
+        description='the cells run twice when runs = 2: "baseline" (every all-R cell), a cell '
+        'as pytest names it ("attention[P/R]", "factor-<name>-<variant>-<case>")')
+
+    def chooses(self, names: Iterable[str], baseline: bool) -> bool:
+        """Whether a run (the cell names sharing it, whether it is all-R) runs twice."""
+        if self.runs < 2:
+            return False
+        return (baseline and "baseline" in self.cells) or any(n in self.cells for n in names)
 
 
 FactorExpect = Literal["invariant", "logprob_drift", "weight_drift"]
@@ -498,6 +509,19 @@ class MatrixFile(_Strict):
                     "every profile needs topology.tp >= 2, but "
                     + ", ".join(f"hardware.{n}.topology.tp = "
                                 f"{self.hardware[n].topology.tp}" for n in lacking))
+        return self
+
+    @model_validator(mode="after")
+    def _repeat_cells(self) -> MatrixFile:
+        known = {"baseline", *(f"{m}[{c}]" for m in self.matrix.modules for c in CASES)}
+        known |= {f"factor-{n}-{v}-{c.replace('/', '').lower()}" for n, f in self.factors.items()
+                  for v in f.variants for c in f.cases}
+        unknown = [c for c in self.reproducibility.cells if c not in known]
+        if unknown:
+            raise ValueError(
+                f"reproducibility.cells: {unknown[0]!r} is no cell of this matrix (expected "
+                '"baseline", "<module>[<case>]" with a module of matrix.modules, or a factor '
+                'cell "factor-<name>-<variant>-<case>")')
         return self
 
     @field_validator("hardware")

@@ -23,13 +23,29 @@ CASES = ("P/P", "P/R", "R/P", "R/R")
 
 FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupported",
                "nondeterministic", "drift_growth")
-# nondeterministic: run-dependent noise on the module's gradients (training side: a backward
-# whose atomics vary run to run; same within a run). drift_growth: the module's output on the
-# side scaled by 1 + step * 2**-6 (grows with the step index, none at step 0).
+# nondeterministic (same within a run, different between runs): on the training side, noise on
+# the module's gradients (a backward whose atomics vary run to run); on the rollout side, the
+# sampler's seed (a rollout engine whose sampling is not pinned); either applies only where the
+# module's side runs the R path. drift_growth: the module's output on the side scaled by
+# 1 + step * 2**-6 (grows with the step index, none at step 0).
 
 
 RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
     "tiny": (8, 48, 4), "small": (16, 160, 3), "qwen3-0.6b": (320, 256, 32)}
+
+
+NONCE_ENV = "RLK_REF_FAULT_NONCE"
+
+
+def run_nonce() -> int:
+    """The nondeterministic drill's per-run value: drawn once by the launching process (before
+    it starts its ranks, ``FaultDrill.from_env``) and handed to them in ``RLK_REF_FAULT_NONCE``,
+    so it is the same within a run and differs between runs."""
+    raw = os.environ.get(NONCE_ENV, "")
+    if not raw.isdigit():
+        raw = str(int.from_bytes(os.urandom(4), "little") or 1)
+        os.environ[NONCE_ENV] = raw
+    return int(raw)
 
 
 class UsageError(Exception):
@@ -55,9 +71,8 @@ class FaultDrill:
                 or drill.side not in SIDES):
             raise UsageError(f"RLK_REF_FAULT={raw!r}: expected <kind>[:<module>[:<side>]] with "
                              f"kind in {FAULT_KINDS}, module in {ALL_MODULES}, side in {SIDES}")
-        if drill.kind == "nondeterministic" and drill.side != "training":
-            raise UsageError(f"RLK_REF_FAULT={raw!r}: the nondeterministic drill perturbs the "
-                             "backward, so its side is training")
+        if drill.kind == "nondeterministic":  # drawn here, before the ranks start
+            run_nonce()
         return drill
 
 

@@ -516,7 +516,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                       "none (lr = 0: weights kept)" if learning else "none"),
         "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction",
         "deterministic_algorithms": device.type == "cuda"}
-    nonce = rl.run_nonce() if drill and drill.kind == "nondeterministic" else 0
+    nonce = rl.drill_nonce(drill, manifest["fault_drill"])
     version, audited = 0, -1
     previous_w: dict[str, Tensor] | None = None  # the weight version before this step's
     for step in range(args.steps):
@@ -536,7 +536,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         audited = version
         rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
                               max_seq)
-        samp_gen = torch.Generator(device=device).manual_seed(args.seed + 2 + step)
+        samp_gen = torch.Generator(device=device).manual_seed(
+            rl.sampling_seed(args.seed, step, drill, nonce))
         t1 = time.perf_counter()
         with torch.inference_mode():
             ro = factors.rollout(run_rollout, rollout_model, kernels["rollout"], prompts,
@@ -558,8 +559,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         learn = rl.Learn(rl.grpo_advantages(rew), active, grad_kernels) if learning else None
         train_lp = run_training(train_model, kernels["training"], ro, micro_batch,
                                 args.temperature, order, grid, learn)
-        if drill and drill.kind == "nondeterministic":
-            rl.perturb_gradients(train_w, drill.module, nonce)
+        rl.perturb_gradients(train_w, drill, nonce)
         if opt is not None:
             with rl.deterministic(device):
                 opt.step()

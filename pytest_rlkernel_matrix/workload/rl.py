@@ -33,7 +33,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from .env import run_nonce
+
 if TYPE_CHECKING:
+    from .env import FaultDrill
     from .kernels import SideKernels
 
 def prepare_deterministic(device: torch.device) -> None:
@@ -134,26 +137,35 @@ def write_audit(directory: Path, weights: dict[str, Tensor], version: str, side:
               audit(weights, version, "rollout_loaded_parameters"))
 
 
-def run_nonce() -> int:
-    """The nondeterministic drill's per-run value: drawn once by the launching process and
-    handed to its ranks (``RLK_REF_FAULT_NONCE``), so it is the same within a run and differs
-    between runs."""
-    raw = os.environ.get("RLK_REF_FAULT_NONCE", "")
-    if not raw.isdigit():
-        raw = str(int.from_bytes(os.urandom(4), "little"))
-        os.environ["RLK_REF_FAULT_NONCE"] = raw
-    return int(raw)
+def drill_nonce(drill: FaultDrill | None, recorded: dict | None) -> int:
+    """The run's nonce when the nondeterministic drill is on and applies to this cell (the
+    manifest's ``fault_drill.applied``: the module's side runs the R path), else 0."""
+    if drill is None or drill.kind != "nondeterministic" or not (recorded or {}).get("applied"):
+        return 0
+    return run_nonce()
 
 
-def perturb_gradients(weights: dict[str, Tensor], module: str, nonce: int) -> int:
+def sampling_seed(seed: int, step: int, drill: FaultDrill | None, nonce: int) -> int:
+    """The rollout sampler's seed of one step: ``seed + 2 + step``; under the nondeterministic
+    drill on the rollout side, the run's nonce is mixed in, as a rollout engine whose sampling
+    is not pinned run to run would. Train and rollout still see the same tokens within a run
+    (training re-scores what the rollout sampled), so only the run-to-run claim breaks."""
+    if nonce and drill is not None and drill.side == "rollout":
+        return (seed + 2 + step) ^ (nonce << 20)
+    return seed + 2 + step
+
+
+def perturb_gradients(weights: dict[str, Tensor], drill: FaultDrill | None, nonce: int) -> int:
     """nondeterministic drill (training side): add run-dependent noise to the gradients of the
     module's parameters, as a backward with run-to-run varying atomics would. Returns the number
-    of tensors touched."""
+    of tensors touched (0 without the drill, or on the rollout side)."""
+    if not nonce or drill is None or drill.side != "training":
+        return 0
     gen = torch.Generator(device="cpu").manual_seed(nonce)
     touched = 0
     for name in sorted(weights):
         g = weights[name].grad
-        if g is None or not any(k in name for k in MODULE_PARAMS.get(module, ())):
+        if g is None or not any(k in name for k in MODULE_PARAMS.get(drill.module, ())):
             continue
         noise = torch.randn(g.shape, generator=gen, dtype=torch.float32).to(g.device)
         g.add_((noise * g.float().std().clamp_min(1e-12) * 0.5).to(g.dtype))
