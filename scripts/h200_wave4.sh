@@ -29,7 +29,7 @@ matrix() {  # name toml extra-args...
 if [[ $STAGES == *tests* ]]; then
   python3 -m pytest -q -p no:cacheprovider -p no:rlkernel_matrix -m gpu -rs --durations=8 \
     tests/workload/test_triton_kernels.py tests/workload/test_kernels.py \
-    tests/workload/test_sampling.py 2>&1 | tee "$OUT/tests.log" | tail -15
+    tests/workload/test_sampling.py tests/test_probe.py 2>&1 | tee "$OUT/tests.log" | tail -15
 fi
 if [[ $STAGES == *compare* ]]; then
   python3 benchmarks/step_compare.py --out /tmp/cmp --configs "${CONFIGS:-R,P,P-unfused,R-sort}" \
@@ -37,7 +37,7 @@ if [[ $STAGES == *compare* ]]; then
   cp /tmp/cmp/summary.json "$OUT/step-compare.json" 2>/dev/null
 fi
 if [[ $STAGES == *probe* ]]; then
-  matrix probe docs/examples/h200-probe-lite.toml --rlk-probe -k "attention"
+  matrix probe docs/examples/h200-probe-lite.toml --rlk-probe -k "attention and (R/R or P/R)"
 fi
 if [[ $STAGES == *steps* ]]; then
   matrix steps docs/examples/h200-steps-matrix.toml -m rlk_baseline -k attention
