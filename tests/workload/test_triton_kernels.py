@@ -175,7 +175,8 @@ def _probed_model_run(perturb: tuple[str, str] | None) -> dict[str, dict]:
         ks[s].tap.wanted = {(i, plens[i] + j - 1) for i in range(3) for j in (0, 2)}
     with torch.inference_mode():
         ro = run_rollout(Qwen3(cfg, {n: t.clone() for n, t in w.items()}, 32), ks["rollout"],
-                         prompts, [4, 4, 4], 1.0, 0.95, torch.Generator(device=DEV).manual_seed(2))
+                         prompts, [4, 4, 4], 1.0, 0.95, torch.Generator(device=DEV).manual_seed(2),
+                         ignore_eos=True)  # fixed lengths: drilled runs keep the same shapes
         train = run_training(Qwen3(cfg, w, 32), ks["training"], ro, 2, 1.0, [2, 0, 1])
     if perturb is None and not INTERPRET:  # the interpreter's numpy dot is not row-invariant
         for a, b in zip(train, ro.logprobs, strict=True):
