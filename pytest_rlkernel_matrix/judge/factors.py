@@ -19,6 +19,7 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge.evidence import Evidence, read_evidence
 from pytest_rlkernel_matrix.judge.metrics import Sample
+from pytest_rlkernel_matrix.judge.upstream import WeightAudit
 from pytest_rlkernel_matrix.spec.cells import Cell
 
 JUDGED_BASELINE = ("valid", "contract_mismatch")
@@ -36,15 +37,31 @@ def weight_note(cell: Cell | None, version: str, shown: str, differ: bool) -> st
         if differ else f"both sides hold the same weights: {varies} did not change them")
 
 
-def weight_reasons(cell: Cell | None, reasons: list[str]) -> list[tuple[bool, str]]:
+def weight_reasons(cell: Cell | None, reasons: list[str],
+                   audit: WeightAudit | None = None) -> list[tuple[bool, str]]:
     """(fails, text) per weight-audit reason: differing weights in a weight-sync factor cell are
-    the factor's doing (a note), everything else fails the semantic judgement."""
+    the factor's doing (a note naming the exported version the rollout holds, when it holds
+    one: a stale sync), everything else fails the semantic judgement."""
     out = []
     for reason in reasons:
         hit = re.match(r"weight version (\S+): sides hold different weights \((.*)\)$", reason)
-        note = weight_note(cell, hit.group(1), hit.group(2), True) if hit else ""
+        note = weight_note(cell, hit.group(1), _held(hit.group(1), hit.group(2), audit),
+                           True) if hit else ""
         out.append((not note, note or reason))
     return out
+
+
+def _held(version: str, shown: str, audit: WeightAudit | None) -> str:
+    """`shown`, plus which other exported version the rollout's weights are (if any)."""
+    sha = audit.rollout.get(version) if audit is not None else None
+    same = [v for v, t in (audit.training.items() if audit is not None else ())
+            if t == sha and v != version]
+    if not sha or not same:
+        return shown + ("; equal to no exported version" if sha else "")
+    older = same[0]
+    behind = (f", {int(version) - int(older)} behind" if version.isdigit() and older.isdigit()
+              else "")
+    return f"{shown}; the rollout holds exported version {older}{behind}"
 
 
 def factor_contract(cell: Cell) -> dict[str, Any] | None:
@@ -147,3 +164,45 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
         return out
     out.update(compare_samples(own.samples, base.samples), judged=True)
     return out
+
+
+def factor_block(record: Mapping[str, Any], factor: Mapping[str, Any], base_id: str,
+                 own_dir: Path | None, base_dir: Path | None,
+                 base_record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's `factor` entry: the variant, its baseline cell and their comparison."""
+    return {**(record.get("factor") or factor), "baseline_cell": base_id,
+            "comparison": compare_runs(own_dir, base_dir, base_record)}
+
+
+def attach_comparisons(records: list[dict[str, Any]], root: Path,
+                       baselines: Mapping[int, str] | None = None) -> None:
+    """A re-analysis (`rlk-matrix report`): each factor cell's record gets the `factor` entry
+    the session gave it, compared with its baseline cell's re-read record. `baselines` maps a
+    record's index to the baseline cell id the old report named; otherwise the baseline is
+    the first unmodified cell of the same hardware and cases (as the session chooses it).
+    A baseline with no record is "not judged: baseline cell not run"."""
+    from pytest_rlkernel_matrix.report.record import cell_from_dict
+
+    cells: list[tuple[Cell, dict[str, Any]]] = []
+    for rec in records:
+        try:
+            cells.append((cell_from_dict(rec), rec))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    by_id = {c.id: rec for c, rec in reversed(cells) if c.factor is None}
+    layout = [c for c, _ in cells if c.factor is None]
+    for i, rec in enumerate(records):
+        f = rec.get("factor")
+        if not isinstance(f, Mapping) or not f.get("name"):
+            continue
+        try:
+            cell = cell_from_dict(rec)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        base_id = (baselines or {}).get(i) or cell.baseline_cell(layout).id
+        base = by_id.get(base_id) or {"verdict": "not_run",
+                                      "reasons": [f"no record of {base_id} in the report"]}
+        own = rec.get("artifact_dir")
+        rel = base.get("artifact_dir")
+        rec["factor"] = factor_block(rec, f, base_id, root / own if own else None,
+                                     root / rel if rel else None, base)

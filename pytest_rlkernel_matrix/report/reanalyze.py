@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.judge.factors import attach_comparisons
 from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, build_report
 from pytest_rlkernel_matrix.report.record import (
     CELL_RUN_FILE,
@@ -199,7 +200,11 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
         log(f"cache: {len(tasks) - len(todo)} of {len(tasks)} run directories unchanged "
             f"(reused), {len(todo)} read")
     records: list[dict[str, Any]] = []
+    baselines: dict[int, str] = {}  # record index -> the baseline cell the old report named
     for t, cell, cell_data in plan:
+        old_factor = cell_data.get("factor")
+        if isinstance(old_factor, dict) and isinstance(old_factor.get("baseline_cell"), str):
+            baselines[len(records)] = old_factor["baseline_cell"]
         if t is None:
             records.append(cell_data)
         elif cell is None:
@@ -208,6 +213,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             record = alias_record(t.record or {}, cell)
             record["shared_with"] = cell_data.get("shared_with", [])
             records.append(record)
+    attach_comparisons(records, root, baselines)
     expected = old.get("expected_cells", len(records))
     report = build_report(
         records, matrix=matrix, matrix_root=root,

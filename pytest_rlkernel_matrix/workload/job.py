@@ -608,13 +608,12 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction"}
     nonce = rl.run_nonce() if drill and drill.kind == "nondeterministic" else 0
     version, audited = 0, -1
-    previous_w: dict[str, Tensor] | None = None  # the weight version before this step's
     for step in range(args.steps):
         if drill and drill.kind == "drift_growth":
             kernels[drill.side].module(drill.module).drift = step * rl.DRIFT_STEP
         sync(device)
         t0 = time.perf_counter()
-        rollout_w = factors.sync_weights({n: t.detach() for n, t in train_w.items()}, previous_w)
+        rollout_w = factors.sync_weights({n: t.detach() for n, t in train_w.items()})
         if drill and drill.kind == "corrupt_weight":
             w = rollout_w["model.layers.0.mlp.down_proj.weight"]
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
@@ -684,7 +683,6 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
             "perf/actor_train_tok_per_s": round(active / t_train, 3),
             "perf/tokens_per_sec": round(active / t_step, 3),
             "perf/peak_memory_bytes": peak}))
-        previous_w = factors.keep_previous({n: t.detach() for n, t in train_w.items()})
         sys.stdout.flush()
     write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
