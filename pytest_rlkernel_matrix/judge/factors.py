@@ -173,36 +173,3 @@ def factor_block(record: Mapping[str, Any], factor: Mapping[str, Any], base_id: 
     return {**(record.get("factor") or factor), "baseline_cell": base_id,
             "comparison": compare_runs(own_dir, base_dir, base_record)}
 
-
-def attach_comparisons(records: list[dict[str, Any]], root: Path,
-                       baselines: Mapping[int, str] | None = None) -> None:
-    """A re-analysis (`rlk-matrix report`): each factor cell's record gets the `factor` entry
-    the session gave it, compared with its baseline cell's re-read record. `baselines` maps a
-    record's index to the baseline cell id the old report named; otherwise the baseline is
-    the first unmodified cell of the same hardware and cases (as the session chooses it).
-    A baseline with no record is "not judged: baseline cell not run"."""
-    from pytest_rlkernel_matrix.report.record import cell_from_dict
-
-    cells: list[tuple[Cell, dict[str, Any]]] = []
-    for rec in records:
-        try:
-            cells.append((cell_from_dict(rec), rec))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-    by_id = {c.id: rec for c, rec in reversed(cells) if c.factor is None}
-    layout = [c for c, _ in cells if c.factor is None]
-    for i, rec in enumerate(records):
-        f = rec.get("factor")
-        if not isinstance(f, Mapping) or not f.get("name"):
-            continue
-        try:
-            cell = cell_from_dict(rec)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-        base_id = (baselines or {}).get(i) or cell.baseline_cell(layout).id
-        base = by_id.get(base_id) or {"verdict": "not_run",
-                                      "reasons": [f"no record of {base_id} in the report"]}
-        own = rec.get("artifact_dir")
-        rel = base.get("artifact_dir")
-        rec["factor"] = factor_block(rec, f, base_id, root / own if own else None,
-                                     root / rel if rel else None, base)
