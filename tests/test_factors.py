@@ -65,6 +65,10 @@ expect = "weight_drift"
 [factors.drill]
 baseline = "all"
 variants = { corrupt = { env = { RLK_REF_FAULT = "corrupt_weight" } } }
+
+[factors.rollout_batch]
+baseline = "all"
+variants = { one = { env = { RLK_REF_ROLLOUT_BATCH = "1" } } }
 '''
 
 
@@ -216,5 +220,40 @@ def test_stale_weight_sync_under_real_updates(pytester: pytest.Pytester, tmp_pat
     assert any("sides hold different weights" in r and "expected" not in r
                for r in drill["reasons"]), drill["reasons"]
     assert "no conclusion (the factor cell is incomparable" in words[("drill", "corrupt")]
+    # invariant over the steps both runs share weights for (CPU training is not always
+    # run-to-run reproducible: a later version may differ, and the comparison stops there)
+    one = cells["factor-rollout_batch-one-rr"]["factor"]["comparison"]
+    assert one["rollout_logprobs_differ"] == 0 and one["compared_logprobs"] > 0
+    steps = ("" if one.get("weights_diverge_at") is None else
+             "; step 0 only: the training weights differ from the baseline cell's from "
+             "version 1 on")
+    assert words[("rollout_batch", "one")] == (
+        "rollout_batch one: R/R is invariant to rollout_batch (one vs all: "
+        f"0 of {one['compared_logprobs']} logprobs differ{steps})")
     assert result.ret == 1  # the drill cell fails; the stale cell passes
     _reread(root, tmp_path)
+
+
+def test_comparison_stops_where_the_training_weights_diverge(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.evidence import Evidence
+    from pytest_rlkernel_matrix.judge.factors import weights_diverge
+    from pytest_rlkernel_matrix.report.attribution import attribute_factors
+
+    def ev(*shas: str) -> Evidence:
+        return Evidence(tmp_path, weight_versions={
+            str(i): {"training": s, "rollout": s} for i, s in enumerate(shas)})
+
+    assert weights_diverge(ev("a", "b"), ev("a", "b")) is None
+    assert weights_diverge(ev("a", "b", "c"), ev("a", "x", "y")) == "1"
+    assert weights_diverge(ev("a"), ev("a", "b")) is None  # only common versions count
+    rec = {"hardware": "cpu", "case": "R/R", "verdict": "valid",
+           "factor": {"name": "rollout_batch", "variant": "one", "baseline": "all",
+                      "expect": "invariant",
+                      "comparison": {"judged": True, "compared_logprobs": 20,
+                                     "rollout_logprobs_differ": 3, "tokens_known": False,
+                                     "unpaired_samples": 0, "steps_compared": 2,
+                                     "weights_diverge_at": "2"}}}
+    (entry,) = attribute_factors([rec])
+    assert entry["conclusion"] == (
+        "rollout_batch one: R/R is not (3 of 20, sampled tokens not in the sidecars; steps 0-1 "
+        "only: the training weights differ from the baseline cell's from version 2 on)")

@@ -162,8 +162,40 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
         which = "factor" if not own.samples else "baseline"
         out["why"] = f"not judged: the {which} cell holds no logprob samples"
         return out
-    out.update(compare_samples(own.samples, base.samples), judged=True)
+    own_s, base_s = own.samples, base.samples
+    diverged = weights_diverge(own, base)
+    if diverged is not None:
+        # The rollout of step k holds weight version k (the reference workload's numbering):
+        # from the first version the two runs' training sides exported differently, their
+        # rollouts no longer share weights, so a difference there is not the factor's alone.
+        if not diverged.isdigit():
+            out["why"] = (f"not judged: the two cells' training weights differ at version "
+                          f"{diverged} (not a step number: the steps to compare are unknown)")
+            return out
+        own_s = [x for x in own_s if x.call < int(diverged)]
+        base_s = [x for x in base_s if x.call < int(diverged)]
+        out["steps_compared"] = int(diverged)
+        out["weights_diverge_at"] = diverged
+        if not own_s or not base_s:
+            out["why"] = (f"not judged: the two cells' training weights differ from version "
+                          f"{diverged} on, and no earlier step is left to compare")
+            return out
+    out.update(compare_samples(own_s, base_s), judged=True)
     return out
+
+
+def weights_diverge(own: Evidence, base: Evidence) -> str | None:
+    """The first weight version (in version order) whose training-side digest differs between
+    the two runs, or None when every version both exported is the same."""
+    def key(v: str) -> tuple[int, int | str]:
+        return (0, int(v)) if v.isdigit() else (1, v)
+
+    for version in sorted(set(own.weight_versions) & set(base.weight_versions), key=key):
+        a = own.weight_versions[version].get("training")
+        b = base.weight_versions[version].get("training")
+        if a and b and a != b:
+            return version
+    return None
 
 
 def factor_block(record: Mapping[str, Any], factor: Mapping[str, Any], base_id: str,
