@@ -248,3 +248,50 @@ def test_engine_factor_usage_error_exits_before_any_engine(tmp_path: Path) -> No
     assert done.returncode == 2, done.stderr
     assert "[rlk-engines] error: RLK_REF_SAMPLING='logits'" in done.stderr
     assert not any(tmp_path.iterdir())  # no manifest: no engine was started
+
+
+ENGINE_FACTORS = '''
+[factors.rollout_batch]
+baseline = "all"
+variants = { one = { env = { RLK_REF_ROLLOUT_BATCH = "1" } } }
+
+[factors.sampling]
+baseline = "raw"
+variants = { processed = { env = { RLK_REF_SAMPLING = "processed" } } }
+expect = "logprob_drift"
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (HAVE_VLLM and HAVE_MEGATRON),
+                    reason="vllm / megatron-core not installed (pip install -e '.[engines]')")
+def test_engines_factor_cells_through_vllm_settings(pytester: pytest.Pytester,
+                                                    tmp_path: Path) -> None:
+    """R/R in real vLLM: max_num_seqs=1 changes no logprob; processed_logprobs drifts."""
+    from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
+
+    ck = REPO / "examples" / ".rlk-engines" / "tiny-qwen3"
+    write_checkpoint(ck)
+    text = (REPO / "examples" / "engines.toml").read_text().replace(
+        ".rlk-engines/tiny-qwen3", str(ck))
+    path = pytester.makefile(".toml", matrix=text + ENGINE_FACTORS)
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", f"--rlk-matrix-root={root}",
+                                           "-p", "no:cacheprovider", "-m", "rlk_factor")
+    report = json.loads((root / "matrix-report.json").read_text())
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    cells = {c["artifact_dir"].split("/")[-1]: c for c in report["cells"]}
+    words = {(a["factor"], a["variant"]): a["conclusion"] for a in report["factor_attribution"]}
+    one = cells["factor-rollout_batch-one-rr"]
+    manifest = json.loads((root / one["artifact_dir"] / "manifest.json").read_text())
+    assert manifest["engine_settings"] == {"max_num_seqs": 1, "logprobs_mode": "raw_logits"}
+    assert manifest["factors"]["rollout_batch"]["applied"] is True
+    c = one["factor"]["comparison"]
+    assert c["compared_logprobs"] > 0 and c["rollout_logprobs_differ"] == 0
+    assert words[("rollout_batch", "one")].startswith(
+        "rollout_batch one: R/R is invariant to rollout_batch (one vs all: 0 of")
+    processed = cells["factor-sampling-processed-rr"]
+    manifest = json.loads((root / processed["artifact_dir"] / "manifest.json").read_text())
+    assert manifest["engine_settings"]["logprobs_mode"] == "processed_logprobs"
+    assert processed["verdict"] == "valid" and processed["mismatch_count"] > 0
+    assert words[("sampling", "processed")].endswith("the factor, not a kernel")
