@@ -33,6 +33,7 @@ from pytest_rlkernel_matrix.workload.job import (
 )
 from pytest_rlkernel_matrix.workload.kernels import MODULES, R_BACKEND_IDS, SideKernels, Tiling
 from pytest_rlkernel_matrix.workload.model import weights_sha256
+from pytest_rlkernel_matrix.workload.upstream import sidecar_marker
 
 from . import checkpoint as ckpt_mod
 from .factors import EngineFactors
@@ -239,6 +240,7 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float,
         active = sum(resp)
         if step == 0:
             write_sidecar(env, ro, train_lp)
+            print(sidecar_marker(env.cases["logp"]))  # vime's line: proves a native (P) logp
             diff = torch.cat([(a - b).abs() for a, b in zip(train_lp, ro.logprobs, strict=True)])
             n_mis = int(sum(int(torch.ne(a, b).sum())
                             for a, b in zip(train_lp, ro.logprobs, strict=True)))
