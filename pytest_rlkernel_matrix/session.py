@@ -276,16 +276,15 @@ class MatrixSession:
     def _run_factor_cell(self, cell: Cell, mode: str, env_hook: Any) -> dict[str, Any]:
         """The baseline's run first (reused when a selected cell already ran it), then the
         factor's run, then the judge's comparison of the two rollouts in the record."""
-        from pytest_rlkernel_matrix.judge.factors import compare_runs
+        from pytest_rlkernel_matrix.judge.factors import factor_block
 
         base_cell = self.factor_baseline(cell)
         base = self._run_one(base_cell, mode, env_hook)
         record = self._run_one(cell, mode, env_hook)
         base_dir = self.root / base["artifact_dir"] if base.get("artifact_dir") else None
         own_dir = self.root / record["artifact_dir"] if record.get("artifact_dir") else None
-        comparison = compare_runs(own_dir, base_dir, base)
-        record["factor"] = {**(record.get("factor") or cell.factor.as_dict()),  # type: ignore
-                            "baseline_cell": base_cell.id, "comparison": comparison}
+        record["factor"] = factor_block(record, cell.factor.as_dict(),  # type: ignore[union-attr]
+                                        base_cell.id, own_dir, base_dir, base)
         return record
 
     def _run_one(self, cell: Cell, mode: str, env_hook: Any) -> dict[str, Any]:

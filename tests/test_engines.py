@@ -277,3 +277,112 @@ def test_engines_writers_leave_rl_kernels_forms_and_a_valid_cell(
         want = [m for m in MODULES if (s, m) != ("training", "logp")]
         assert rb["installed_hooks"] == {m: ej.HOOKS["production"][s][m] for m in want}
         assert sorted(rb["operators"]) == want
+
+
+# -- framework factors through vLLM's own settings (engines/factors.py) -----------------------
+
+@pytest.mark.parametrize(("env", "logp_r", "want"), [
+    ({}, False, {"max_num_seqs": 4, "logprobs_mode": "raw_logprobs"}),
+    ({}, True, {"max_num_seqs": 4, "logprobs_mode": "raw_logits"}),
+    ({"RLK_REF_ROLLOUT_BATCH": "1"}, False, {"max_num_seqs": 1, "logprobs_mode": "raw_logprobs"}),
+    ({"RLK_REF_ROLLOUT_BATCH": "9"}, False, {"max_num_seqs": 4, "logprobs_mode": "raw_logprobs"}),
+    ({"RLK_REF_SAMPLING": "processed"}, False,
+     {"max_num_seqs": 4, "logprobs_mode": "processed_logprobs"}),
+    ({"RLK_REF_SAMPLING": "processed"}, True,
+     {"max_num_seqs": 4, "logprobs_mode": "processed_logprobs"}),
+])
+def test_engine_factors_map_onto_vllm_settings(env: dict[str, str], logp_r: bool,
+                                               want: dict[str, object]) -> None:
+    from pytest_rlkernel_matrix.engines.factors import EngineFactors
+
+    f = EngineFactors.from_env(env)
+    assert f.engine_settings(4, logp_r) == want
+    assert f.effect["rollout_batch"]["applied"] is (want["max_num_seqs"] < 4)
+    assert f.effect["sampling"]["applied"] is ("RLK_REF_SAMPLING" in env)
+    assert f"logprobs_mode={want['logprobs_mode']}" in f.effect["sampling"]["note"]
+    assert any(f"max_num_seqs={want['max_num_seqs']}" in ln for ln in f.lines())
+
+
+@pytest.mark.parametrize("sync", ["bf16", "stale"])
+def test_engine_weight_sync_is_recorded_as_not_acting(sync: str) -> None:
+    from pytest_rlkernel_matrix.engines.factors import EngineFactors
+
+    f = EngineFactors.from_env({"RLK_REF_WEIGHT_SYNC": sync})
+    assert f.effect["weight_sync"]["applied"] is False
+    assert "could not act" in f.effect["weight_sync"]["note"]
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"RLK_REF_ROLLOUT_BATCH": "0"}, "RLK_REF_ROLLOUT_BATCH='0': expected 'all' or an int >= 1"),
+    ({"RLK_REF_SAMPLING": "logits"}, "RLK_REF_SAMPLING='logits'"),
+    ({"RLK_REF_WEIGHT_SYNC": "fast"}, "RLK_REF_WEIGHT_SYNC='fast'"),
+])
+def test_engine_factor_usage_errors(env: dict[str, str], needle: str) -> None:
+    from pytest_rlkernel_matrix.engines.factors import EngineFactors
+    from pytest_rlkernel_matrix.workload.env import UsageError
+
+    with pytest.raises(UsageError, match=needle.replace("(", r"\(")):
+        EngineFactors.from_env(env)
+
+
+def test_engine_factor_usage_error_exits_before_any_engine(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RL_KERNEL_", "RLK_REF_"))}
+    env.update(RL_KERNEL_MODE="audit", RL_KERNEL_ATTENTION_CASE="R/R", RL_KERNEL_FFN_CASE="R/R",
+               RL_KERNEL_LOGP_CASE="R/R", RL_KERNEL_RUN_ID="x",
+               RL_KERNEL_ARTIFACT_DIR=str(tmp_path), RLK_REF_SAMPLING="logits",
+               PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.engines"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "[rlk-engines] error: RLK_REF_SAMPLING='logits'" in done.stderr
+    assert not any(tmp_path.iterdir())  # no manifest: no engine was started
+
+
+ENGINE_FACTORS = '''
+[factors.rollout_batch]
+baseline = "all"
+variants = { one = { env = { RLK_REF_ROLLOUT_BATCH = "1" } } }
+
+[factors.sampling]
+baseline = "raw"
+variants = { processed = { env = { RLK_REF_SAMPLING = "processed" } } }
+expect = "logprob_drift"
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (HAVE_VLLM and HAVE_MEGATRON),
+                    reason="vllm / megatron-core not installed (pip install -e '.[engines]')")
+def test_engines_factor_cells_through_vllm_settings(pytester: pytest.Pytester,
+                                                    tmp_path: Path) -> None:
+    """R/R in real vLLM: max_num_seqs=1 changes no logprob; processed_logprobs drifts."""
+    from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
+
+    ck = REPO / "examples" / ".rlk-engines" / "tiny-qwen3"
+    write_checkpoint(ck)
+    text = (REPO / "examples" / "engines.toml").read_text().replace(
+        ".rlk-engines/tiny-qwen3", str(ck))
+    path = pytester.makefile(".toml", matrix=text + ENGINE_FACTORS)
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", f"--rlk-matrix-root={root}",
+                                           "-p", "no:cacheprovider", "-m", "rlk_factor")
+    report = json.loads((root / "matrix-report.json").read_text())
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    cells = {c["artifact_dir"].split("/")[-1]: c for c in report["cells"]}
+    words = {(a["factor"], a["variant"]): a["conclusion"] for a in report["factor_attribution"]}
+    one = cells["factor-rollout_batch-one-rr"]
+    manifest = json.loads((root / one["artifact_dir"] / "manifest.json").read_text())
+    assert manifest["engine_settings"] == {"max_num_seqs": 1, "logprobs_mode": "raw_logits"}
+    assert manifest["factors"]["rollout_batch"]["applied"] is True
+    c = one["factor"]["comparison"]
+    assert c["compared_logprobs"] > 0 and c["rollout_logprobs_differ"] == 0
+    assert words[("rollout_batch", "one")].startswith(
+        "rollout_batch one: R/R is invariant to rollout_batch (one vs all: 0 of")
+    processed = cells["factor-sampling-processed-rr"]
+    manifest = json.loads((root / processed["artifact_dir"] / "manifest.json").read_text())
+    assert manifest["engine_settings"]["logprobs_mode"] == "processed_logprobs"
+    assert processed["verdict"] == "valid" and processed["mismatch_count"] > 0
+    assert words[("sampling", "processed")].endswith("the factor, not a kernel")

@@ -4,6 +4,7 @@ workload (CPU, tiny, a few prompts)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,6 +54,36 @@ baseline = "all"
 RLK_REF_ROLLOUT_BATCH = "1"
 RLK_REF_FAULT = "silent_fallback:attention:rollout"
 '''
+
+
+STALE = '''
+[factors.weight_sync]
+baseline = "exact"
+variants = { stale = { env = { RLK_REF_WEIGHT_SYNC = "stale" } } }
+expect = "weight_drift"
+
+[factors.drill]
+baseline = "all"
+variants = { corrupt = { env = { RLK_REF_FAULT = "corrupt_weight" } } }
+
+[factors.rollout_batch]
+baseline = "all"
+variants = { one = { env = { RLK_REF_ROLLOUT_BATCH = "1" } } }
+'''
+
+
+def _reread(root: Path, tmp_path: Path) -> None:
+    """`rlk-matrix report <root>` gives the session's factor blocks and attribution lines."""
+    out = tmp_path / "again.json"
+    done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report",
+                           str(root), "--output", str(out), "--jobs", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    before, after = (json.loads(p.read_text()) for p in (root / "matrix-report.json", out))
+    assert after["factor_attribution"] == before["factor_attribution"]
+    blocks = [[c.get("factor") for c in r["cells"]] for r in (before, after)]
+    assert blocks[0] == blocks[1] and any(b and b.get("comparison") for b in blocks[0])
+    assert [c["verdict"] for c in after["cells"]] == [c["verdict"] for c in before["cells"]]
 
 
 def _load(tmp_path: Path, text: str) -> object:
@@ -155,3 +186,74 @@ def test_factor_cells_on_cpu(pytester: pytest.Pytester, tmp_path: Path) -> None:
     assert "no conclusion (the factor cell is contract_mismatch" in words[("drill", "silent")]
     html = (root / "matrix-report.html").read_text()
     assert "factor rollout_batch=one" in html and "the factor, not a kernel" in html
+    _reread(root, tmp_path)
+
+
+def test_stale_weight_sync_under_real_updates(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    # two RL steps with AdamW (lr > 0): the rollout of step 1 holds weight version 0
+    base = BASE.replace('"--max-new-tokens", "12"]',
+                        '"--max-new-tokens", "12", "--steps", "2", "--lr", "1e-3"]')
+    path = pytester.makefile(".toml", matrix=base + STALE)
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", f"--rlk-matrix-root={root}",
+                                           "-p", "no:cacheprovider", "-m", "rlk_factor")
+    report = json.loads((root / "matrix-report.json").read_text())
+    cells = {c["artifact_dir"].split("/")[-1]: c for c in report["cells"]}
+    words = {(a["factor"], a["variant"]): a["conclusion"] for a in report["factor_attribution"]}
+    stale = cells["factor-weight_sync-stale-rr"]
+    assert stale["verdict"] == "valid" and stale["mismatch_count"] > 0
+    c = stale["factor"]["comparison"]
+    assert c["workload_factors"]["weight_sync"]["applied"] is True
+    assert c["own_weights_differ"] is True and c["baseline_weights_differ"] is False
+    assert c["baseline_drift"]["mismatch_count"] == 0
+    notes = stale["validity"]["semantic"]["reasons"]
+    assert any(r.startswith("weight version 1: sides hold different weights") and
+               "the rollout holds exported version 0, 1 behind" in r and
+               r.endswith("expected, this cell varies weight_sync=stale") for r in notes), notes
+    assert words[("weight_sync", "stale")] == (
+        f"weight_sync stale: weight_sync=stale drifts with kernels at R/R "
+        f"({stale['mismatch_count']} of {stale['active_token_count']} train/rollout logprobs "
+        "differ, baseline cell 0): the factor, not a kernel")
+    # a cell that does not vary the weight sync: differing audits are a fault, never excused
+    drill = cells["factor-drill-corrupt-rr"]
+    assert drill["verdict"] == "incomparable" and drill["failed"]
+    assert any("sides hold different weights" in r and "expected" not in r
+               for r in drill["reasons"]), drill["reasons"]
+    assert "no conclusion (the factor cell is incomparable" in words[("drill", "corrupt")]
+    # invariant over the steps both runs share weights for (CPU training is not always
+    # run-to-run reproducible: a later version may differ, and the comparison stops there)
+    one = cells["factor-rollout_batch-one-rr"]["factor"]["comparison"]
+    assert one["rollout_logprobs_differ"] == 0 and one["compared_logprobs"] > 0
+    steps = ("" if one.get("weights_diverge_at") is None else
+             "; step 0 only: the training weights differ from the baseline cell's from "
+             "version 1 on")
+    assert words[("rollout_batch", "one")] == (
+        "rollout_batch one: R/R is invariant to rollout_batch (one vs all: "
+        f"0 of {one['compared_logprobs']} logprobs differ{steps})")
+    assert result.ret == 1  # the drill cell fails; the stale cell passes
+    _reread(root, tmp_path)
+
+
+def test_comparison_stops_where_the_training_weights_diverge(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.evidence import Evidence
+    from pytest_rlkernel_matrix.judge.factors import weights_diverge
+    from pytest_rlkernel_matrix.report.attribution import attribute_factors
+
+    def ev(*shas: str) -> Evidence:
+        return Evidence(tmp_path, weight_versions={
+            str(i): {"training": s, "rollout": s} for i, s in enumerate(shas)})
+
+    assert weights_diverge(ev("a", "b"), ev("a", "b")) is None
+    assert weights_diverge(ev("a", "b", "c"), ev("a", "x", "y")) == "1"
+    assert weights_diverge(ev("a"), ev("a", "b")) is None  # only common versions count
+    rec = {"hardware": "cpu", "case": "R/R", "verdict": "valid",
+           "factor": {"name": "rollout_batch", "variant": "one", "baseline": "all",
+                      "expect": "invariant",
+                      "comparison": {"judged": True, "compared_logprobs": 20,
+                                     "rollout_logprobs_differ": 3, "tokens_known": False,
+                                     "unpaired_samples": 0, "steps_compared": 2,
+                                     "weights_diverge_at": "2"}}}
+    (entry,) = attribute_factors([rec])
+    assert entry["conclusion"] == (
+        "rollout_batch one: R/R is not (3 of 20, sampled tokens not in the sidecars; steps 0-1 "
+        "only: the training weights differ from the baseline cell's from version 2 on)")

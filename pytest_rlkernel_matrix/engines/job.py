@@ -39,6 +39,7 @@ from pytest_rlkernel_matrix.workload.upstream import (
 )
 
 from . import checkpoint as ckpt_mod
+from .factors import EngineFactors
 
 TEMPERATURE, TOP_P = 1.0, 0.95
 FRAMEWORKS = {"training": "megatron", "rollout": "vllm"}
@@ -94,10 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RLK_REF_FAULT", "").strip():
             raise UsageError("RLK_REF_FAULT: the engines job has no fault drills (the built-in "
                              "workload has them)")
+        factors = EngineFactors.from_env()
     except UsageError as exc:
         print(f"[rlk-engines] error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return run_cell(args, env, t_start)
+    return run_cell(args, env, t_start, factors)
 
 
 def _versions() -> dict[str, str | None]:
@@ -125,7 +127,8 @@ def patch_readback(rb: dict, side: str) -> dict:
     return rb
 
 
-def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
+def run_cell(args: argparse.Namespace, env: Env, t_start: float,
+             factors: EngineFactors | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
@@ -142,6 +145,9 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
     hf_cfg = json.loads((ck / "config.json").read_text())
     platform = "cuda" if torch.cuda.is_available() else "cpu"
     routes = {s: resolve_route(env, s, None, platform) for s in SIDES}
+    factors = factors or EngineFactors.from_env()
+    engine = factors.engine_settings(args.num_prompts,
+                                     routes["rollout"].actual["logp"] == "rl_kernel")
     manifest: dict[str, Any] = {
         "schema_version": "rlk-reference.manifest.v1", "job": "engines", "run_id": env.run_id,
         "mode": env.mode, "cases": env.cases, "dtype": "bfloat16", "device": platform,
@@ -150,8 +156,8 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
                      "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
                      "prompt_len": [args.min_prompt_len, args.max_prompt_len],
                      "ignore_eos": True, "per_request_seed": True,
-                     "logprobs_mode": ("raw_logits" if routes["rollout"].actual["logp"]
-                                       == "rl_kernel" else "raw_logprobs")},
+                     "logprobs_mode": engine["logprobs_mode"]},
+        "engine_settings": engine, "factors": factors.effect,
         "micro_batch_size": args.micro_batch_size, "max_seq_len": args.max_model_len,
         "steps": args.steps, "checkpoint": {"path": str(ck.resolve()),
                                             **fingerprint_model_dir(ck)},
@@ -189,9 +195,9 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float) -> int:
 
     llm = LLM(model=str(ck), skip_tokenizer_init=True, dtype="bfloat16", seed=args.seed,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=True,
-              max_model_len=args.max_model_len, max_num_seqs=max(n, 1),
-              enable_prefix_caching=False, hf_overrides={"architectures": [ARCH]},
-              logprobs_mode=manifest["sampling"]["logprobs_mode"])
+              max_model_len=args.max_model_len, enable_prefix_caching=False,
+              hf_overrides={"architectures": [ARCH]}, **engine)
+    print("\n".join(factors.lines()))
     model = LIVE[-1]
     for m in MODULES:  # count only the steps' calls, not the engine's warm-up/profiling runs
         model.kernels.module(m).call_count = 0

@@ -19,6 +19,7 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge.evidence import Evidence, read_evidence
 from pytest_rlkernel_matrix.judge.metrics import Sample
+from pytest_rlkernel_matrix.judge.upstream import WeightAudit
 from pytest_rlkernel_matrix.spec.cells import Cell
 
 JUDGED_BASELINE = ("valid", "contract_mismatch")
@@ -36,15 +37,31 @@ def weight_note(cell: Cell | None, version: str, shown: str, differ: bool) -> st
         if differ else f"both sides hold the same weights: {varies} did not change them")
 
 
-def weight_reasons(cell: Cell | None, reasons: list[str]) -> list[tuple[bool, str]]:
+def weight_reasons(cell: Cell | None, reasons: list[str],
+                   audit: WeightAudit | None = None) -> list[tuple[bool, str]]:
     """(fails, text) per weight-audit reason: differing weights in a weight-sync factor cell are
-    the factor's doing (a note), everything else fails the semantic judgement."""
+    the factor's doing (a note naming the exported version the rollout holds, when it holds
+    one: a stale sync), everything else fails the semantic judgement."""
     out = []
     for reason in reasons:
         hit = re.match(r"weight version (\S+): sides hold different weights \((.*)\)$", reason)
-        note = weight_note(cell, hit.group(1), hit.group(2), True) if hit else ""
+        note = weight_note(cell, hit.group(1), _held(hit.group(1), hit.group(2), audit),
+                           True) if hit else ""
         out.append((not note, note or reason))
     return out
+
+
+def _held(version: str, shown: str, audit: WeightAudit | None) -> str:
+    """`shown`, plus which other exported version the rollout's weights are (if any)."""
+    sha = audit.rollout.get(version) if audit is not None else None
+    same = [v for v, t in (audit.training.items() if audit is not None else ())
+            if t == sha and v != version]
+    if not sha or not same:
+        return shown + ("; equal to no exported version" if sha else "")
+    older = same[0]
+    behind = (f", {int(version) - int(older)} behind" if version.isdigit() and older.isdigit()
+              else "")
+    return f"{shown}; the rollout holds exported version {older}{behind}"
 
 
 def factor_contract(cell: Cell) -> dict[str, Any] | None:
@@ -145,5 +162,46 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
         which = "factor" if not own.samples else "baseline"
         out["why"] = f"not judged: the {which} cell holds no logprob samples"
         return out
-    out.update(compare_samples(own.samples, base.samples), judged=True)
+    own_s, base_s = own.samples, base.samples
+    diverged = weights_diverge(own, base)
+    if diverged is not None:
+        # The rollout of step k holds weight version k (the reference workload's numbering):
+        # from the first version the two runs' training sides exported differently, their
+        # rollouts no longer share weights, so a difference there is not the factor's alone.
+        if not diverged.isdigit():
+            out["why"] = (f"not judged: the two cells' training weights differ at version "
+                          f"{diverged} (not a step number: the steps to compare are unknown)")
+            return out
+        own_s = [x for x in own_s if x.call < int(diverged)]
+        base_s = [x for x in base_s if x.call < int(diverged)]
+        out["steps_compared"] = int(diverged)
+        out["weights_diverge_at"] = diverged
+        if not own_s or not base_s:
+            out["why"] = (f"not judged: the two cells' training weights differ from version "
+                          f"{diverged} on, and no earlier step is left to compare")
+            return out
+    out.update(compare_samples(own_s, base_s), judged=True)
     return out
+
+
+def weights_diverge(own: Evidence, base: Evidence) -> str | None:
+    """The first weight version (in version order) whose training-side digest differs between
+    the two runs, or None when every version both exported is the same."""
+    def key(v: str) -> tuple[int, int | str]:
+        return (0, int(v)) if v.isdigit() else (1, v)
+
+    for version in sorted(set(own.weight_versions) & set(base.weight_versions), key=key):
+        a = own.weight_versions[version].get("training")
+        b = base.weight_versions[version].get("training")
+        if a and b and a != b:
+            return version
+    return None
+
+
+def factor_block(record: Mapping[str, Any], factor: Mapping[str, Any], base_id: str,
+                 own_dir: Path | None, base_dir: Path | None,
+                 base_record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's `factor` entry: the variant, its baseline cell and their comparison."""
+    return {**(record.get("factor") or factor), "baseline_cell": base_id,
+            "comparison": compare_runs(own_dir, base_dir, base_record)}
+

@@ -271,7 +271,7 @@ def _judge_semantic(ev: Evidence, mode: str, policy: Policy,
                     cell: Cell | None = None) -> Judgement:
     sem = Judgement()
     reasons, notes = judge_weight_audit(ev.weight_audit, mode, policy.require_rollout_weight_audit)
-    for failed, reason in weight_reasons(cell, reasons):  # a weight-sync factor: expected
+    for failed, reason in weight_reasons(cell, reasons, ev.weight_audit):  # factor: expected
         sem.fail(reason) if failed else sem.reasons.append(reason)
     ev.weight_audit.notes = notes  # recorded with the audit, not reasons
     for problem in ev.sample_problems:

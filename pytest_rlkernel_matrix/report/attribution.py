@@ -317,11 +317,16 @@ def _factor_case(rec: Mapping[str, Any]) -> tuple[str, bool | None]:
            else f", sampled tokens differ in {c.get('samples_tokens_differ')} of "
            f"{c.get('samples')} samples")
     paired = not c.get("unpaired_samples")
+    steps = ""
+    if c.get("weights_diverge_at") is not None:  # later steps ran on other weights
+        last = c["steps_compared"] - 1
+        steps = (f"; step{' 0' if last == 0 else f's 0-{last}'} only: the training weights "
+                 f"differ from the baseline cell's from version {c['weights_diverge_at']} on")
     if f.get("expect") == "invariant":
         if k == 0 and paired and (c.get("tokens_equal") or not known):
             return (f"{case} is invariant to {name} ({variant} vs {f.get('baseline')}: "
-                    f"0 of {n} logprobs differ)"), True
-        return f"{case} is not ({k} of {n}{tok})", False
+                    f"0 of {n} logprobs differ{steps})"), True
+        return f"{case} is not ({k} of {n}{tok}{steps})", False
     own = c.get("own_drift") or {}
     base = c.get("baseline_drift") or {}
     m, total, b = own.get("mismatch_count"), own.get("active_token_count"), base.get(

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.judge.factors import factor_block
 from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, build_report
 from pytest_rlkernel_matrix.report.record import (
     CELL_RUN_FILE,
@@ -121,6 +122,38 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
             done(task)
 
 
+def attach_comparisons(records: list[dict[str, Any]], root: Path,
+                       baselines: Mapping[int, str] | None = None) -> None:
+    """A re-analysis (`rlk-matrix report`): each factor cell's record gets the `factor` entry
+    the session gave it, compared with its baseline cell's re-read record. `baselines` maps a
+    record's index to the baseline cell id the old report named; otherwise the baseline is
+    the first unmodified cell of the same hardware and cases (as the session chooses it).
+    A baseline with no record is "not judged: baseline cell not run"."""
+    cells: list[tuple[Cell, dict[str, Any]]] = []
+    for rec in records:
+        try:
+            cells.append((cell_from_dict(rec), rec))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    by_id = {c.id: rec for c, rec in reversed(cells) if c.factor is None}
+    layout = [c for c, _ in cells if c.factor is None]
+    for i, rec in enumerate(records):
+        f = rec.get("factor")
+        if not isinstance(f, Mapping) or not f.get("name"):
+            continue
+        try:
+            cell = cell_from_dict(rec)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        base_id = (baselines or {}).get(i) or cell.baseline_cell(layout).id
+        base = by_id.get(base_id) or {"verdict": "not_run",
+                                      "reasons": [f"no record of {base_id} in the report"]}
+        own = rec.get("artifact_dir")
+        rel = base.get("artifact_dir")
+        rec["factor"] = factor_block(rec, f, base_id, root / own if own else None,
+                                     root / rel if rel else None, base)
+
+
 def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None,
               use_cache: bool = True, log: Callable[[str], None] | None = None,
               progress: bool | None = None) -> Path:
@@ -199,7 +232,11 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
         log(f"cache: {len(tasks) - len(todo)} of {len(tasks)} run directories unchanged "
             f"(reused), {len(todo)} read")
     records: list[dict[str, Any]] = []
+    baselines: dict[int, str] = {}  # record index -> the baseline cell the old report named
     for t, cell, cell_data in plan:
+        old_factor = cell_data.get("factor")
+        if isinstance(old_factor, dict) and isinstance(old_factor.get("baseline_cell"), str):
+            baselines[len(records)] = old_factor["baseline_cell"]
         if t is None:
             records.append(cell_data)
         elif cell is None:
@@ -208,6 +245,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             record = alias_record(t.record or {}, cell)
             record["shared_with"] = cell_data.get("shared_with", [])
             records.append(record)
+    attach_comparisons(records, root, baselines)
     expected = old.get("expected_cells", len(records))
     report = build_report(
         records, matrix=matrix, matrix_root=root,

@@ -43,7 +43,7 @@ from pytest_rlkernel_matrix.store.redact import Scrubber
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
-ANALYSIS_VERSION = 2  # 2: sidecars read as RL-Kernel reads them (issue 20)
+ANALYSIS_VERSION = 3  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight notes
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",

@@ -42,6 +42,7 @@ class Factors:
     sampling: str = "raw"
     weight_sync: str = "exact"
     effect: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _previous: dict[str, Tensor] | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls) -> Factors:
@@ -79,9 +80,9 @@ class Factors:
                 for name, e in self.effect.items()]
 
     # -- weight sync ----------------------------------------------------------------------------
-    def sync_weights(self, train_w: dict[str, Tensor],
-                     previous: dict[str, Tensor] | None) -> dict[str, Tensor]:
-        """The rollout engine's own copy of the weights, as this factor delivers it."""
+    def sync_weights(self, train_w: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The rollout engine's own copy of this step's weights (called once per step, before
+        the optimizer updates them), as this factor delivers it."""
         effect = self.effect["weight_sync"]
         if self.weight_sync == "bf16":
             changed = any(t.dtype != torch.bfloat16 for t in train_w.values())
@@ -89,21 +90,21 @@ class Factors:
                           "weights are bfloat16 already: the round trip changes nothing")
             return {n: t.to(torch.bfloat16).to(t.dtype) for n, t in train_w.items()}
         if self.weight_sync == "stale":
+            # the version this step's rollout would hold without the factor is the next step's
+            # stale one: kept before the optimizer changes `train_w` in place
+            previous, self._previous = self._previous, {n: t.clone() for n, t in train_w.items()}
             older = previous is not None and any(
                 not torch.equal(previous[n], t) for n, t in train_w.items())
             if older and previous is not None:
-                effect.update(applied=True, note="rollout holds the previous weight version")
-                return {n: t.clone() for n, t in previous.items()}
+                effect.update(applied=True, note="from the second weight version on, the "
+                              "rollout holds the previous one")
+                return previous
             if not effect.get("applied"):
                 effect.update(applied=False, note="one weight version so far: there is no "
                               "older version to sync, the factor could not act")
             return {n: t.clone() for n, t in train_w.items()}
         effect.update(applied=False if self.weight_sync == "exact" else effect["applied"])
         return {n: t.clone() for n, t in train_w.items()}
-
-    def keep_previous(self, train_w: dict[str, Tensor]) -> dict[str, Tensor] | None:
-        """What ``stale`` needs of this step's weights for the next one (None otherwise)."""
-        return {n: t.clone() for n, t in train_w.items()} if self.weight_sync == "stale" else None
 
     # -- rollout batch --------------------------------------------------------------------------
     def rollout(self, run: Callable[..., Any], model: Any, k: Any, prompts: list[Tensor],

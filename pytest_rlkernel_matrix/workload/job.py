@@ -518,13 +518,12 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "deterministic_algorithms": device.type == "cuda"}
     nonce = rl.drill_nonce(drill, manifest["fault_drill"])
     version, audited = 0, -1
-    previous_w: dict[str, Tensor] | None = None  # the weight version before this step's
     for step in range(args.steps):
         if drill and drill.kind == "drift_growth":
             kernels[drill.side].module(drill.module).drift = step * rl.DRIFT_STEP
         sync(device)
         t0 = time.perf_counter()
-        rollout_w = factors.sync_weights({n: t.detach() for n, t in train_w.items()}, previous_w)
+        rollout_w = factors.sync_weights({n: t.detach() for n, t in train_w.items()})
         if drill and drill.kind == "corrupt_weight":
             w = rollout_w["model.layers.0.mlp.down_proj.weight"]
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
@@ -580,7 +579,6 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                   step_extra={"train/pg_loss": learn.loss} if learn else None)
         if step == 0 and probe.enabled:
             write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
-        previous_w = factors.keep_previous({n: t.detach() for n, t in train_w.items()})
         sys.stdout.flush()
     write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
