@@ -5,10 +5,11 @@
 Builds `<root>/cpu/<module>-<case>/` for 3 modules x 4 cases laid out as RL-Kernel writes a
 run with tp 2 x cp 2 (4 ranks, one data-parallel group): per rank and call one sidecar
 `mismatch-sidecars/rank{rank:05d}.call{call:08d}.pt` (`schema_version` v1, 8 samples of a
-2,560-token response, 2,500 of it under the loss mask, CP-sliced zigzag, TP replicas equal),
-200 calls per rank at `--scale 1` (800 sidecars, 4,000,000 active tokens per cell), one weight
-audit per version (`weight-audit/<version>.json` and `weight-audit/rollout/<version>.json`, 64
-tensors each), and the example CPU run's readbacks, run.log, manifest and cell-run.json.
+2,560-token response, 2,500 of it under the loss mask; values CP-sliced zigzag, the full loss
+mask stored; TP replicas equal), 200 calls per rank at `--scale 1` (800 sidecars, 4,000,000
+active tokens per cell), one weight audit per version (`weight-audit/<version>.json` and
+`weight-audit/rollout/<version>.json`, 64 tensors each), and the example CPU run's readbacks,
+run.log, manifest and cell-run.json (its run id kept: every cell reads `valid`).
 `--scale` multiplies the calls (0.05: 10 calls per rank, for development).
 
 Then, each in its own child process (peak RSS = the child's `ru_maxrss` and its pool workers'),
@@ -50,19 +51,14 @@ def _slug(module: str, case: str) -> str:
 
 
 def _zigzag(total: int, response: int, cp_rank: int) -> Any:
-    """Which response tokens CP rank `cp_rank` holds: the reader's own rule when it has one."""
+    """The response offsets CP rank `cp_rank` stores, in order (RL-Kernel's zigzag at logit
+    positions: chunks r and 2cp-1-r of ceil(total / 2cp), clipped to the response's logits)."""
     import numpy as np
 
-    try:
-        from pytest_rlkernel_matrix.judge.evidence import _zigzag_keep
-
-        return _zigzag_keep(total, response, CP, cp_rank)
-    except ImportError:  # the reader changed its helper: chunks r and 2cp-1-r
-        chunk = -(-total // (2 * CP))
-        keep = np.zeros(total, dtype=bool)
-        for c in (cp_rank, 2 * CP - 1 - cp_rank):
-            keep[c * chunk:(c + 1) * chunk] = True
-        return keep[total - response:total]
+    base, chunk = total - response - 1, -(-total // (2 * CP))
+    pieces = [np.arange(max(c * chunk, base) - base, min((c + 1) * chunk, total - 1) - base)
+              for c in (cp_rank, 2 * CP - 1 - cp_rank)]
+    return np.concatenate([p for p in pieces if p.size])
 
 
 def _audit(version: str, scope: str, seed: int) -> dict[str, Any]:
@@ -100,7 +96,7 @@ def _cell(dst: Path, module: str, case: str, seed: int, calls: int) -> int:
                 "tensor_parallel_size": TP, "context_parallel_size": CP,
                 "train_log_probs": [t[keep].clone() for t in full_t],
                 "rollout_log_probs": [r[keep].clone() for r in full_r],
-                "loss_masks": [mask[keep].clone() for _ in full_t],
+                "loss_masks": [mask.clone() for _ in full_t],  # the full mask (RL-Kernel)
                 "total_lengths": [total] * SAMPLES, "response_lengths": [RESPONSE] * SAMPLES,
             }, side / f"rank{rank:05d}.call{call:08d}.pt")
         version = str(call)
@@ -127,7 +123,7 @@ def build_root(root: Path, scale: float) -> int:
         meta["cell"] = {"hardware": "cpu", "module": module, "case": case,
                         "cases": {m: case if m == module else "R/R" for m in MODULES}}
         meta["artifact_dir"] = f"cpu/{slug}"
-        meta["run_id"] = f"cpu-{slug}-bench"
+        # the run id stays the copied run's: its manifest and readbacks name it
         (dst / "cell-run.json").write_text(json.dumps(meta, indent=2))
         active += _cell(dst, module, case, seed=i, calls=calls)
     return active
