@@ -159,6 +159,55 @@ def test_a_cache_hit_gives_the_full_read_record_and_changes_invalidate(
     assert "cache: cpu/attention-pr: read again: unreadable cache entry (JSONDecodeError)" in lines
 
 
+def test_a_warm_report_imports_neither_torch_nor_numpy_and_says_what_a_full_read_says(
+        tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    root = _root(tmp_path)
+    code = ("import sys; from pytest_rlkernel_matrix import cli; rc = cli.main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules)); sys.exit(rc)")
+    cmd = [sys.executable, "-c", code, "report", str(root), "--jobs", "1"]
+    cold = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert cold.stdout.splitlines()[-1] == "['numpy', 'torch']"
+    full = (root / "matrix-report.json").read_text()
+    warm = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert warm.stdout.splitlines()[-1] == "[]"
+    assert "cache: 3 of 3 run directories unchanged (reused), 0 read" in warm.stderr
+    cold_report, warm_report = json.loads(full), json.loads(
+        (root / "matrix-report.json").read_text())
+    for report in (cold_report, warm_report):
+        report.pop("created")
+    assert warm_report == cold_report  # records, verdicts and the (memoised) attribution
+    assert (root / ".rlk-cache" / "attribution.json").exists()
+
+
+def test_a_stored_hash_is_reused_only_for_a_file_not_written_since(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.report import cache
+
+    root = _root(tmp_path)
+    rel = "cpu/ffn-rp"
+    inputs = {"artifact_dir": rel, "gaps": []}
+    _, why, key = cache.lookup(root, rel, inputs)
+    assert why == "no cache entry" and key.hashed > 0
+    cache.store(root, rel, key, {"verdict": "valid"})
+    # hashed within SETTLED_NS of the files' last change: hashed again (and the stamps kept)
+    hit, _, again = cache.lookup(root, rel, inputs)
+    assert hit == {"verdict": "valid"} and again.hashed == key.hashed
+    monkeypatch.setattr(cache, "SETTLED_NS", 0)
+    hit, _, settled = cache.lookup(root, rel, inputs)
+    assert hit == {"verdict": "valid"} and settled.hashed == 0  # every hash from the entry
+    # rewritten in place, size and mtime restored: its ctime moved, so it is read and hashed
+    log = root / rel / "run.log"
+    st = log.stat()
+    log.write_text(log.read_text().replace("perf/step_time': 3.0", "perf/step_time': 4.0"))
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns))
+    hit, why, edited = cache.lookup(root, rel, inputs)
+    assert hit is None and why == "run.log changed (sha256)" and edited.hashed == 1
+
+
 def test_report_cli_options_and_no_progress_without_a_terminal(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -166,16 +166,15 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             rel = str(meta_path.parent.relative_to(root))
             plan.append((task(rel, meta_path.parent.parent.name, _cell_from_dir(meta_path.parent),
                               str(matrix.get("mode", "?"))), None, {}))
-    keys: dict[str, dict[str, Any]] = {}
+    keys: dict[str, cache.Key] = {}
     todo: list[_Task] = []
     scrub = Scrubber.from_env(os.environ).obj
     for t in tasks.values():
         if use_cache:
             # The cell and mode label only a record whose cell-run.json is unusable, which is
             # never cached (`done`): the key is the directory and the matrix file's gaps.
-            keys[t.rel] = cache.cache_key(root / t.rel, {
+            hit, why, keys[t.rel] = cache.lookup(root, t.rel, {
                 "artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]})
-            hit, why = cache.lookup(root, t.rel, keys[t.rel])
             if hit is not None:
                 t.record = scrub(hit)
                 continue
@@ -215,6 +214,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         expected_cells=expected if isinstance(expected, int) else len(records),
         interrupted=bool(old.get("interrupted", False)),
+        memo=root / cache.CACHE_DIR if use_cache else None,
     )
     if notes:
         report["reanalysis_notes"] = notes

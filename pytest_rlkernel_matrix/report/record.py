@@ -16,28 +16,23 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, read_evidence
-from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
-from pytest_rlkernel_matrix.judge.upstream import (
-    bitwise_validation_status,
-    native_logp_evidence,
-    route_form,
-)
-from pytest_rlkernel_matrix.judge.verdict import Decision, Policy, contract_id, decide
-from pytest_rlkernel_matrix.run.contamination import read_measurement
-from pytest_rlkernel_matrix.run.runner import RunResult
 from pytest_rlkernel_matrix.spec.cells import Cases, Cell, FactorPoint
-from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
-from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
 from pytest_rlkernel_matrix.store.redact import Scrubber
+
+if TYPE_CHECKING:  # the readers and the judge (numpy, pydantic) load only when a cell is read
+    from pytest_rlkernel_matrix.judge.evidence import Evidence
+    from pytest_rlkernel_matrix.judge.verdict import Decision
+    from pytest_rlkernel_matrix.run.runner import RunResult
+    from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
 ANALYSIS_VERSION = 2  # 2: sidecars read as RL-Kernel reads them (issue 20)
+SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
@@ -64,6 +59,8 @@ def cell_to_dict(cell: Cell) -> dict[str, Any]:
 
 
 def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
+    from pytest_rlkernel_matrix.judge.upstream import native_logp_evidence
+
     routes: dict[str, Any] = {}
     for module in cell.cases.modules:
         entry: dict[str, Any] = {"requested": cell.cases.of(module)}
@@ -105,6 +102,12 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
 
 def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     """What the record says about RL-Kernel's own artifact forms (docs/en/conformance.md)."""
+    from pytest_rlkernel_matrix.judge.upstream import (
+        bitwise_validation_status,
+        native_logp_evidence,
+        route_form,
+    )
+
     bv = ev.bitwise_validation
     status, detail = bitwise_validation_status(bv) if isinstance(bv, dict) else (None, "")
     return {
@@ -157,6 +160,11 @@ def analyze_run(
     Every string in it is scrubbed of secret values (`redact`): the session passes the scrubber
     that knows the cell's secrets; without one, the secrets of this process's environment.
     """
+    from pytest_rlkernel_matrix.judge.evidence import read_evidence
+    from pytest_rlkernel_matrix.judge.verdict import Policy, decide
+    from pytest_rlkernel_matrix.run.runner import RunResult
+    from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
+
     scrub = (scrubber or Scrubber.from_env(os.environ)).obj
     try:
         meta = read_cell_run(run_dir)
@@ -275,6 +283,11 @@ def build_record(
     decision: Decision,
     fingerprints: Mapping[str, str],
 ) -> dict[str, Any]:
+    from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
+    from pytest_rlkernel_matrix.judge.verdict import contract_id
+    from pytest_rlkernel_matrix.run.contamination import read_measurement
+    from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
+
     metrics = ev.metrics.as_dict() if ev.metrics else {}
     phases, spread = ev.log.phases(int(meta.get("warmup", 0)))
     record: dict[str, Any] = {
