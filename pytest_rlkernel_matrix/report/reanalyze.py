@@ -131,7 +131,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
     Cells are analysed in `jobs` processes (default: the CPUs of this process's affinity);
     a cell whose artifacts are unchanged since the last report comes from the analysis cache
     (`report/cache.py`) unless `use_cache` is false. `log` gets one line per cache miss and a
-    summary; `progress` shows a bar on a terminal (None: when stderr is one).
+    summary; `progress` shows a bar (None: on a terminal, never in CI: `report.progress`).
     """
     from pytest_rlkernel_matrix.report import cache
 
@@ -254,6 +254,6 @@ class _Bar:
 
 
 def _bar(total: int, progress: bool | None) -> _Bar:
-    show = progress if progress is not None else bool(
-        getattr(sys.stderr, "isatty", lambda: False)())
-    return _Bar(total, show)
+    from pytest_rlkernel_matrix.report.progress import on_terminal
+
+    return _Bar(total, progress if progress is not None else on_terminal(sys.stdout, sys.stderr))

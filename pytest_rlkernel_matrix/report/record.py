@@ -160,7 +160,7 @@ def analyze_run(
     Every string in it is scrubbed of secret values (`redact`): the session passes the scrubber
     that knows the cell's secrets; without one, the secrets of this process's environment.
     """
-    from pytest_rlkernel_matrix.judge.evidence import read_evidence
+    from pytest_rlkernel_matrix.judge.evidence import pt_memo, read_evidence
     from pytest_rlkernel_matrix.judge.verdict import Policy, decide
     from pytest_rlkernel_matrix.run.runner import RunResult
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
@@ -176,15 +176,16 @@ def analyze_run(
         return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
     try:
         t0 = time.perf_counter()
-        ev = read_evidence(run_dir)
-        t1 = time.perf_counter()
-        decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
-                          env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
-                          gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
-                          blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
-                          policy=Policy.from_meta(meta),
-                          performance_policy=PerformancePolicy.from_mapping(
-                              meta.get("performance_policy")))
+        with pt_memo():  # the evidence and the per-step claims read each `.pt` file once
+            ev = read_evidence(run_dir)
+            t1 = time.perf_counter()
+            decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
+                              env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
+                              gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
+                              blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
+                              policy=Policy.from_meta(meta),
+                              performance_policy=PerformancePolicy.from_mapping(
+                                  meta.get("performance_policy")))
         # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
         # gap for runs recorded without them.
         fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
