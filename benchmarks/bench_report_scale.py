@@ -139,9 +139,10 @@ def measure(root: Path, args: list[str]) -> None:
     start = time.perf_counter()
     rc = cli.main(["report", str(root), *args])
     wall = time.perf_counter() - start
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(json.dumps({"rc": rc, "wall_s": wall, "maxrss_kib": own,
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    own, workers = me.ru_maxrss, kids.ru_maxrss
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    print(json.dumps({"rc": rc, "wall_s": wall, "cpu_s": cpu, "maxrss_kib": own,
                       "worker_maxrss_kib": workers, "package": str(Path(cli.__file__).parent),
                       "heavy_modules": sorted(m for m in ("torch", "numpy") if m in sys.modules)}))
 
@@ -220,22 +221,25 @@ def main() -> int:
         tokens = sum(int(c.get("active_token_count") or 0) for c in report["cells"])
         print(f"report: {report['summary']}, {tokens:,} active tokens in the report; load "
               f"average now {os.getloadavg()[0]:.1f}")
-        print("| code | run | wall s | process s | active tokens/s | peak RSS MiB (main / "
-              "largest worker) | vs sequential | torch/numpy imported | cache |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| code | run | wall s | process s | CPU s (user+sys, with workers) | active "
+              "tokens/s | peak RSS MiB (main / largest worker) | vs sequential | torch/numpy "
+              "imported | cache |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for code, rows in variants:
             base = rows[0][1]["wall_s"]
             for name, r in rows:
                 cache = r["cache_lines"][-1].removeprefix("cache: ") if r["cache_lines"] else "-"
                 print(f"| {code} | {name} | {r['wall_s']:.2f} | {r['process_s']:.2f} | "
+                      f"{r.get('cpu_s', float('nan')):.2f} | "
                       f"{tokens / r['wall_s'] / 1e6:.2f}M | {r['maxrss_kib'] / 1024:.0f} / "
                       f"{r['worker_maxrss_kib'] / 1024:.0f} | {base / r['wall_s']:.2f}x | "
                       f"{', '.join(r.get('heavy_modules') or []) or 'neither'} | {cache} |")
         if args.baseline:
-            print("| ratio this checkout / baseline (wall) | " + " | ".join(
-                f"{name.split(' (')[0]}: {mine['wall_s'] / theirs['wall_s']:.2f}"
-                for (name, theirs), (_, mine) in zip(variants[0][1], variants[1][1],
-                                                     strict=True)) + " |")
+            for what in ("wall_s", "cpu_s"):
+                print(f"| ratio this checkout / baseline ({what.removesuffix('_s')}) | "
+                      + " | ".join(f"{name.split(' (')[0]}: {mine[what] / theirs[what]:.2f}"
+                                   for (name, theirs), (_, mine) in zip(
+                                       variants[0][1], variants[1][1], strict=True)) + " |")
     finally:
         if not args.keep and args.root is None:
             shutil.rmtree(root.parent, ignore_errors=True)

@@ -90,6 +90,13 @@ def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell,
     return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel)
 
 
+def _one_thread() -> None:
+    """A pool worker: one torch thread (workers x torch's default threads would oversubscribe
+    the CPUs the pool is sized to; measured in docs/benchmarks.md)."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
 def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], jobs: int,
                done: Callable[[_Task], None]) -> None:
     if jobs <= 1 or len(todo) <= 1:
@@ -107,7 +114,8 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
         import torch  # noqa: F401  (once here, not once per worker: forked workers share it)
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx,
+                             initializer=_one_thread) as pool:
         futures = {pool.submit(_analyze_task, root, t.rel, gaps[t.hardware], t.cell, t.mode): t
                    for t in todo}
         for future in as_completed(futures):
