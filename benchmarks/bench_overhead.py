@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,9 +51,20 @@ def main() -> int:
     ap.add_argument("--matrix", type=Path, default=REPO / "matrix.toml")
     ap.add_argument("--noop", type=float, default=None, metavar="S",
                     help="measure a matrix whose command is `sleep S` instead")
+    ap.add_argument("--keep", action="store_true", help="keep the matrix root (printed)")
     ap.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rlk-bench-overhead-"))
+    try:
+        return _run(args, work)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, work: Path) -> int:
     matrix = args.matrix
     if args.noop is not None:
         matrix = work / "noop.toml"
