@@ -164,6 +164,25 @@ def test_a_warm_report_imports_neither_torch_nor_numpy_and_says_what_a_full_read
     assert (root / ".rlk-cache" / "attribution.json").exists()
 
 
+def test_the_attribution_memo_is_used_only_under_its_own_key(tmp_path: Path) -> None:
+    import json
+
+    from pytest_rlkernel_matrix.report.matrix_report import MEMO_FILE
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    root = _root(tmp_path)
+    first = json.loads(reanalyze(root, jobs=1, progress=False).read_text())
+    memo = root / ".rlk-cache" / MEMO_FILE
+    entry = json.loads(memo.read_text())
+    assert entry["attribution"] == first["attribution"]
+    entry.update(key="another key", attribution=["not this"], factor_attribution=["nor this"])
+    memo.write_text(json.dumps(entry))
+    again = json.loads(reanalyze(root, jobs=1, progress=False).read_text())
+    assert again["attribution"] == first["attribution"]
+    assert again["factor_attribution"] == first["factor_attribution"]
+    assert json.loads(memo.read_text())["key"] != "another key"  # rewritten under its key
+
+
 def test_a_stored_hash_is_reused_only_for_a_file_not_written_since(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_rlkernel_matrix.report import cache

@@ -85,7 +85,11 @@ def attributions(ordered: Sequence[Mapping[str, Any]],
     `<memo>/attribution.json` when its key (records and sources) is this one's."""
     key = entry = None
     if memo is not None:
-        key = _attribution_key(ordered)
+        try:
+            key = _attribution_key(ordered)
+        except OSError:  # the sources are not plain files (a zipped install): no memo
+            memo = None
+    if memo is not None:
         with suppress(OSError, ValueError, RecursionError):
             entry = json.loads((memo / MEMO_FILE).read_text(encoding="utf-8"))
         if isinstance(entry, dict) and entry.get("key") == key and {
