@@ -1,20 +1,24 @@
 """`rlk-matrix report` at the scale of RL-Kernel's 200-step runs: cold, warm, one changed cell.
 
     python benchmarks/bench_report_scale.py [--scale 1.0] [--root DIR] [--keep] [--jobs N]
+    python benchmarks/bench_report_scale.py --root DIR --reuse --baseline OLD   # side by side
 
 Builds `<root>/cpu/<module>-<case>/` for 3 modules x 4 cases laid out as RL-Kernel writes a
 run with tp 2 x cp 2 (4 ranks, one data-parallel group): per rank and call one sidecar
 `mismatch-sidecars/rank{rank:05d}.call{call:08d}.pt` (`schema_version` v1, 8 samples of a
-2,560-token response, 2,500 of it under the loss mask, CP-sliced zigzag, TP replicas equal),
-200 calls per rank at `--scale 1` (800 sidecars, 4,000,000 active tokens per cell), one weight
-audit per version (`weight-audit/<version>.json` and `weight-audit/rollout/<version>.json`, 64
-tensors each), and the example CPU run's readbacks, run.log, manifest and cell-run.json.
+2,560-token response, 2,500 of it under the loss mask; values CP-sliced zigzag, the full loss
+mask stored; TP replicas equal), 200 calls per rank at `--scale 1` (800 sidecars, 4,000,000
+active tokens per cell), one weight audit per version (`weight-audit/<version>.json` and
+`weight-audit/rollout/<version>.json`, 64 tensors each), and the example CPU run's readbacks,
+run.log, manifest and cell-run.json (its run id kept: every cell reads `valid`).
 `--scale` multiplies the calls (0.05: 10 calls per rank, for development).
 
 Then, each in its own child process (peak RSS = the child's `ru_maxrss` and its pool workers'),
 side by side: the sequential path without cache (`--no-cache --jobs 1`), a cold report (no
 cache), a warm re-report (nothing changed) and a re-report after one cell's sidecar was
-touched. Prints wall time, active tokens/s over the whole root and peak RSS for each.
+touched. Prints wall time, active tokens/s over the whole root, peak RSS and whether torch or
+numpy was imported for each; with `--baseline OLD`, the same four runs of another version's
+package first (`PYTHONPATH=OLD`), and the ratios of this checkout's walls to it.
 """
 
 from __future__ import annotations
@@ -50,19 +54,14 @@ def _slug(module: str, case: str) -> str:
 
 
 def _zigzag(total: int, response: int, cp_rank: int) -> Any:
-    """Which response tokens CP rank `cp_rank` holds: the reader's own rule when it has one."""
+    """The response offsets CP rank `cp_rank` stores, in order (RL-Kernel's zigzag at logit
+    positions: chunks r and 2cp-1-r of ceil(total / 2cp), clipped to the response's logits)."""
     import numpy as np
 
-    try:
-        from pytest_rlkernel_matrix.judge.evidence import _zigzag_keep
-
-        return _zigzag_keep(total, response, CP, cp_rank)
-    except ImportError:  # the reader changed its helper: chunks r and 2cp-1-r
-        chunk = -(-total // (2 * CP))
-        keep = np.zeros(total, dtype=bool)
-        for c in (cp_rank, 2 * CP - 1 - cp_rank):
-            keep[c * chunk:(c + 1) * chunk] = True
-        return keep[total - response:total]
+    base, chunk = total - response - 1, -(-total // (2 * CP))
+    pieces = [np.arange(max(c * chunk, base) - base, min((c + 1) * chunk, total - 1) - base)
+              for c in (cp_rank, 2 * CP - 1 - cp_rank)]
+    return np.concatenate([p for p in pieces if p.size])
 
 
 def _audit(version: str, scope: str, seed: int) -> dict[str, Any]:
@@ -100,7 +99,7 @@ def _cell(dst: Path, module: str, case: str, seed: int, calls: int) -> int:
                 "tensor_parallel_size": TP, "context_parallel_size": CP,
                 "train_log_probs": [t[keep].clone() for t in full_t],
                 "rollout_log_probs": [r[keep].clone() for r in full_r],
-                "loss_masks": [mask[keep].clone() for _ in full_t],
+                "loss_masks": [mask.clone() for _ in full_t],  # the full mask (RL-Kernel)
                 "total_lengths": [total] * SAMPLES, "response_lengths": [RESPONSE] * SAMPLES,
             }, side / f"rank{rank:05d}.call{call:08d}.pt")
         version = str(call)
@@ -127,7 +126,7 @@ def build_root(root: Path, scale: float) -> int:
         meta["cell"] = {"hardware": "cpu", "module": module, "case": case,
                         "cases": {m: case if m == module else "R/R" for m in MODULES}}
         meta["artifact_dir"] = f"cpu/{slug}"
-        meta["run_id"] = f"cpu-{slug}-bench"
+        # the run id stays the copied run's: its manifest and readbacks name it
         (dst / "cell-run.json").write_text(json.dumps(meta, indent=2))
         active += _cell(dst, module, case, seed=i, calls=calls)
     return active
@@ -140,16 +139,22 @@ def measure(root: Path, args: list[str]) -> None:
     start = time.perf_counter()
     rc = cli.main(["report", str(root), *args])
     wall = time.perf_counter() - start
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(json.dumps({"rc": rc, "wall_s": wall, "maxrss_kib": own,
-                      "worker_maxrss_kib": workers}))
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    own, workers = me.ru_maxrss, kids.ru_maxrss
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    print(json.dumps({"rc": rc, "wall_s": wall, "cpu_s": cpu, "maxrss_kib": own,
+                      "worker_maxrss_kib": workers, "package": str(Path(cli.__file__).parent),
+                      "heavy_modules": sorted(m for m in ("torch", "numpy") if m in sys.modules)}))
 
 
-def _child(root: Path, args: list[str]) -> dict[str, Any]:
+def _child(root: Path, args: list[str], package: Path | None = None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--measure", str(root), "--", *args]
+    env = dict(os.environ)
+    if package is not None:  # another version's `pytest_rlkernel_matrix` first on the path
+        env["PYTHONPATH"] = os.pathsep.join([str(package), *filter(None, [
+            env.get("PYTHONPATH")])])
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd} failed:\n{proc.stderr[-2000:]}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -165,6 +170,11 @@ def main() -> int:
     ap.add_argument("--root", type=Path, default=None, help="matrix root to build (default: tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the root")
     ap.add_argument("--jobs", type=int, default=None, help="--jobs of the parallel runs")
+    ap.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                    help="also measure the pytest_rlkernel_matrix package in DIR (e.g. `git "
+                    "archive <rev> pytest_rlkernel_matrix | tar -x -C DIR`), first")
+    ap.add_argument("--reuse", action="store_true",
+                    help="measure the root given by --root as it is (no build)")
     ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--build", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -177,40 +187,59 @@ def main() -> int:
         return 0
     root = args.root or Path(tempfile.mkdtemp(prefix="rlk-bench-scale-")) / "matrix"
     start = time.perf_counter()
-    built = subprocess.run([sys.executable, __file__, "--build", str(root), "--scale",
-                            str(args.scale)], check=True, capture_output=True, text=True)
-    active = int(built.stdout.split()[-1])
+    if not (args.reuse and args.root is not None and (root / "cpu").is_dir()):
+        built = subprocess.run([sys.executable, __file__, "--build", str(root), "--scale",
+                                str(args.scale)], check=True, capture_output=True, text=True)
+        active = f"{int(built.stdout.split()[-1]):,} active tokens"
+    else:
+        active = "reused"
     files = list(root.rglob("*.pt"))
     disk = sum(p.stat().st_size for p in files)
     cpus = len(os.sched_getaffinity(0))
-    print(f"built {root}: 12 cells, tp {TP} x cp {CP}, {max(1, round(CALLS * args.scale))} "
-          f"calls per rank, {len(files):,} sidecars ({disk / 2**20:.0f} MiB), "
-          f"{active:,} active tokens ({active // 12:,} per cell), "
+    print(f"root: 12 cells, tp {TP} x cp {CP}, {len(files) // 12 // (TP * CP)} calls per rank, "
+          f"{len(files):,} sidecars ({disk / 2**20:.0f} MiB), {active}, "
           f"{time.perf_counter() - start:.0f}s; {cpus} CPUs in this process's affinity; "
           f"load average {os.getloadavg()[0]:.1f}")
     jobs = [] if args.jobs is None else ["--jobs", str(args.jobs)]
-    try:
-        rows = [("sequential, no cache (--no-cache --jobs 1)", _child(root, ["--no-cache",
-                                                                             "--jobs", "1"]))]
+    touched = root / "cpu" / "ffn-pr" / "mismatch-sidecars" / "rank00000.call00000000.pt"
+
+    def runs(package: Path | None) -> list[tuple[str, dict[str, Any]]]:
+        rows = [("sequential, no cache (--no-cache --jobs 1)",
+                 _child(root, ["--no-cache", "--jobs", "1"], package))]
         shutil.rmtree(root / ".rlk-cache", ignore_errors=True)
-        rows.append(("cold (parallel, empty cache)", _child(root, jobs)))
-        rows.append(("warm (nothing changed)", _child(root, jobs)))
-        touched = root / "cpu" / "ffn-pr" / "mismatch-sidecars" / "rank00000.call00000000.pt"
+        rows.append(("cold (parallel, empty cache)", _child(root, jobs, package)))
+        rows.append(("warm (nothing changed)", _child(root, jobs, package)))
         st = touched.stat()
         os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-        rows.append(("one changed cell (a sidecar touched)", _child(root, jobs)))
+        rows.append(("one changed cell (a sidecar touched)", _child(root, jobs, package)))
+        return rows
+
+    try:
+        variants = ([("baseline", runs(args.baseline))] if args.baseline else []) + [
+            ("this checkout", runs(None))]
         report = json.loads((root / "matrix-report.json").read_text())
         tokens = sum(int(c.get("active_token_count") or 0) for c in report["cells"])
-        print(f"report: {report['summary']}, {tokens:,} active tokens in the report")
-        base = rows[0][1]["wall_s"]
-        print("| run | wall s | process s | active tokens/s | peak RSS MiB (main / largest "
-              "worker) | vs sequential | cache |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for name, r in rows:
-            cache = r["cache_lines"][-1].removeprefix("cache: ") if r["cache_lines"] else "-"
-            print(f"| {name} | {r['wall_s']:.2f} | {r['process_s']:.2f} | "
-                  f"{tokens / r['wall_s'] / 1e6:.2f}M | {r['maxrss_kib'] / 1024:.0f} / "
-                  f"{r['worker_maxrss_kib'] / 1024:.0f} | {base / r['wall_s']:.2f}x | {cache} |")
+        print(f"report: {report['summary']}, {tokens:,} active tokens in the report; load "
+              f"average now {os.getloadavg()[0]:.1f}")
+        print("| code | run | wall s | process s | CPU s (user+sys, with workers) | active "
+              "tokens/s | peak RSS MiB (main / largest worker) | vs sequential | torch/numpy "
+              "imported | cache |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for code, rows in variants:
+            base = rows[0][1]["wall_s"]
+            for name, r in rows:
+                cache = r["cache_lines"][-1].removeprefix("cache: ") if r["cache_lines"] else "-"
+                print(f"| {code} | {name} | {r['wall_s']:.2f} | {r['process_s']:.2f} | "
+                      f"{r.get('cpu_s', float('nan')):.2f} | "
+                      f"{tokens / r['wall_s'] / 1e6:.2f}M | {r['maxrss_kib'] / 1024:.0f} / "
+                      f"{r['worker_maxrss_kib'] / 1024:.0f} | {base / r['wall_s']:.2f}x | "
+                      f"{', '.join(r.get('heavy_modules') or []) or 'neither'} | {cache} |")
+        if args.baseline:
+            for what in ("wall_s", "cpu_s"):
+                print(f"| ratio this checkout / baseline ({what.removesuffix('_s')}) | "
+                      + " | ".join(f"{name.split(' (')[0]}: {mine[what] / theirs[what]:.2f}"
+                                   for (name, theirs), (_, mine) in zip(
+                                       variants[0][1], variants[1][1], strict=True)) + " |")
     finally:
         if not args.keep and args.root is None:
             shutil.rmtree(root.parent, ignore_errors=True)

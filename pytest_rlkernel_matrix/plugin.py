@@ -430,6 +430,7 @@ class MatrixHooks:
         self.session = session
         self.is_worker = hasattr(config, "workerinput")
         self.planned: list[pytest.Item] = []
+        self.progress: Any = None  # report.progress.SessionProgress, on a terminal only
 
     def pytest_report_header(self) -> list[str]:
         probe = self.session.preflight.get("probe") or {}
@@ -461,6 +462,11 @@ class MatrixHooks:
                 hook(config=self.config, cell=cell, env=env)
 
             ms.submit_ahead(cells, ms.mode, env_hook)
+        if not (ms.plan or self.is_worker or ms.dry) and cells:
+            from pytest_rlkernel_matrix.report.progress import SessionProgress, on_terminal
+
+            if on_terminal(sys.stdout, sys.stderr):
+                self.progress = SessionProgress(len(cells))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item) -> Any:
@@ -480,6 +486,10 @@ class MatrixHooks:
         self.session.add_record(report.nodeid, record)
         self.config.hook.pytest_rlk_cell_record(config=self.config, record=record)
         self.session.write_report()
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if self.progress is not None and reporter is not None:
+            reporter.write_line(self.progress.line(
+                f"{record['hardware']} {record['module']} {record['case']}: {record['verdict']}"))
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         verdict = getattr(report, "rlk_verdict", None)

@@ -1,5 +1,5 @@
-"""Analysis at scale: the restricted `.pt` reader, the parallel and cached `rlk-matrix report`,
-the progress bar and the plugin's overhead fields."""
+"""Analysis at scale: `.pt` files read by `torch.load(weights_only=True)` only, the parallel and
+cached `rlk-matrix report`, the progress bar and the plugin's overhead fields."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ import pytest
 import torch
 
 from pytest_rlkernel_matrix.judge.evidence import read_pt
-from pytest_rlkernel_matrix.judge.ptfile import Unsupported, load_plain
 
 
-def _saved(obj: Any) -> bytes:
+def _saved(obj: Any, **kwargs: Any) -> bytes:
     buf = io.BytesIO()
-    torch.save(obj, buf)
+    torch.save(obj, buf, **kwargs)
     return buf.getvalue()
 
 
@@ -34,15 +33,14 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def test_fast_reader_gives_what_torch_load_gives() -> None:
+def test_pt_files_are_what_weights_only_torch_load_gives() -> None:
     base = torch.arange(12, dtype=torch.float32)
     obj = {"schema_version": "x", "rank": 3, "f": 1.5, "none": None, "ok": True,
            "lists": [torch.randn(7, dtype=torch.bfloat16), torch.randn(5, dtype=torch.float16),
-                     torch.randn(4, dtype=torch.float64), torch.tensor([True, False]),
-                     torch.arange(6), base[2:9], base.view(3, 4).t(), base[:0]],
-           "nested": ({"a": [1, 2]}, (base[1:3],)), 5: "int key"}
+                     torch.tensor([True, False]), base[2:9], base.view(3, 4).t(), base[:0]],
+           "size": torch.Size([2, 3]), "nested": ({"a": [1, 2]}, (base[1:3],)), 5: "int key"}
     raw = _saved(obj)
-    assert _same(load_plain(raw), torch.load(io.BytesIO(raw), weights_only=True))
+    assert _same(read_pt(raw, torch), torch.load(io.BytesIO(raw), weights_only=True))
 
 
 class _Evil:
@@ -50,28 +48,11 @@ class _Evil:
         return (os.system, ("echo pwned > /dev/null",))
 
 
-@pytest.mark.parametrize("obj", [
-    {"size": torch.Size([2, 3])},                       # a global outside the allowlist
-    {"p": torch.nn.Parameter(torch.ones(2))},           # requires_grad / another rebuilder
-    {"s": {1, 2}},                                      # a type outside plain data
-])
-def test_fast_reader_refuses_what_it_does_not_know_and_torch_decides(obj: Any) -> None:
-    raw = _saved(obj)
-    with pytest.raises(Unsupported):
-        load_plain(raw)
-    assert _same(read_pt(raw, torch), torch.load(io.BytesIO(raw), weights_only=True))
-
-
-def test_no_unpickler_runs_a_foreign_global(tmp_path: Path) -> None:
-    buf = io.BytesIO()
-    torch.save({"x": _Evil()}, buf, pickle_module=pickle)
-    raw = buf.getvalue()
-    with pytest.raises(Unsupported, match=r"global (posix|os)\.system"):
-        load_plain(raw)
-    with pytest.raises(pickle.UnpicklingError):  # and torch's weights_only path refuses it
-        read_pt(raw, torch)
-    with pytest.raises(Unsupported):
-        load_plain(b"not a zip at all")
+def test_no_foreign_global_is_unpickled() -> None:
+    with pytest.raises(pickle.UnpicklingError, match="system"):
+        read_pt(_saved({"x": _Evil()}, pickle_module=pickle), torch)
+    with pytest.raises(pickle.UnpicklingError):  # a legacy (non-zip) load, weights only too
+        read_pt(b"not a zip at all", torch)
 
 
 # -- rlk-matrix report: parallel, cached, progress ------------------------------------------------
@@ -159,6 +140,74 @@ def test_a_cache_hit_gives_the_full_read_record_and_changes_invalidate(
     assert "cache: cpu/attention-pr: read again: unreadable cache entry (JSONDecodeError)" in lines
 
 
+def test_a_warm_report_imports_neither_torch_nor_numpy_and_says_what_a_full_read_says(
+        tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    root = _root(tmp_path)
+    code = ("import sys; from pytest_rlkernel_matrix import cli; rc = cli.main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules)); sys.exit(rc)")
+    cmd = [sys.executable, "-c", code, "report", str(root), "--jobs", "1"]
+    cold = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert cold.stdout.splitlines()[-1] == "['numpy', 'torch']"
+    full = (root / "matrix-report.json").read_text()
+    warm = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert warm.stdout.splitlines()[-1] == "[]"
+    assert "cache: 3 of 3 run directories unchanged (reused), 0 read" in warm.stderr
+    cold_report, warm_report = json.loads(full), json.loads(
+        (root / "matrix-report.json").read_text())
+    for report in (cold_report, warm_report):
+        report.pop("created")
+    assert warm_report == cold_report  # records, verdicts and the (memoised) attribution
+    assert (root / ".rlk-cache" / "attribution.json").exists()
+
+
+def test_the_attribution_memo_is_used_only_under_its_own_key(tmp_path: Path) -> None:
+    import json
+
+    from pytest_rlkernel_matrix.report.matrix_report import MEMO_FILE
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    root = _root(tmp_path)
+    first = json.loads(reanalyze(root, jobs=1, progress=False).read_text())
+    memo = root / ".rlk-cache" / MEMO_FILE
+    entry = json.loads(memo.read_text())
+    assert entry["attribution"] == first["attribution"]
+    entry.update(key="another key", attribution=["not this"], factor_attribution=["nor this"])
+    memo.write_text(json.dumps(entry))
+    again = json.loads(reanalyze(root, jobs=1, progress=False).read_text())
+    assert again["attribution"] == first["attribution"]
+    assert again["factor_attribution"] == first["factor_attribution"]
+    assert json.loads(memo.read_text())["key"] != "another key"  # rewritten under its key
+
+
+def test_a_stored_hash_is_reused_only_for_a_file_not_written_since(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.report import cache
+
+    root = _root(tmp_path)
+    rel = "cpu/ffn-rp"
+    inputs = {"artifact_dir": rel, "gaps": []}
+    _, why, key = cache.lookup(root, rel, inputs)
+    assert why == "no cache entry" and key.hashed > 0
+    cache.store(root, rel, key, {"verdict": "valid"})
+    # hashed within SETTLED_NS of the files' last change: hashed again (and the stamps kept)
+    hit, _, again = cache.lookup(root, rel, inputs)
+    assert hit == {"verdict": "valid"} and again.hashed == key.hashed
+    monkeypatch.setattr(cache, "SETTLED_NS", 0)
+    hit, _, settled = cache.lookup(root, rel, inputs)
+    assert hit == {"verdict": "valid"} and settled.hashed == 0  # every hash from the entry
+    # rewritten in place, size and mtime restored: its ctime moved, so it is read and hashed
+    log = root / rel / "run.log"
+    st = log.stat()
+    log.write_text(log.read_text().replace("perf/step_time': 3.0", "perf/step_time': 4.0"))
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns))
+    hit, why, edited = cache.lookup(root, rel, inputs)
+    assert hit is None and why == "run.log changed (sha256)" and edited.hashed == 1
+
+
 def test_report_cli_options_and_no_progress_without_a_terminal(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -181,6 +230,45 @@ def test_progress_bar_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[s
     reanalyze(_root(tmp_path), jobs=1, use_cache=False, progress=True)
     err = capsys.readouterr().err
     assert "rlk-matrix report" in err and "0/3 [" in err and "cell/s" in err
+
+
+def test_a_bar_only_where_both_streams_are_a_terminal_outside_ci() -> None:
+    from pytest_rlkernel_matrix.report.progress import in_ci, on_terminal
+
+    with open(os.devnull, "w") as null:
+        assert not on_terminal(null, null, {})
+        assert not on_terminal(io.StringIO(), io.StringIO(), {})
+    assert in_ci({"CI": "true"}) and in_ci({"CI": "1"}) and not in_ci({"CI": "false"})
+    assert not in_ci({}) and not in_ci({"CI": ""})
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a pseudo-tty")
+def test_session_progress_on_a_terminal_and_silent_in_a_log_or_ci(
+        pytester: pytest.Pytester, make_matrix: Any, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    make_matrix(modules='["attention"]')
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+
+    def session(root: str, *, tty: bool, ci: bool = False) -> str:
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+               f"--rlk-matrix-root={tmp_path / root}", "-k", "R/R or P/R"]
+        run_env = {**env, "CI": "true"} if ci else env
+        if tty:  # script(1) gives the session a pseudo-terminal for stdout and stderr
+            import shlex
+
+            cmd = ["script", "-qec", shlex.join(cmd), "/dev/null"]
+        out = subprocess.run(cmd, cwd=pytester.path, env=run_env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout + out.stderr
+
+    shown = session("tty", tty=True)
+    assert "rlk cells" in shown and "1/2" in shown and "2/2" in shown
+    assert "cpu attention P/R: valid" in shown
+    assert "rlk cells" not in session("log", tty=False)
+    assert "rlk cells" not in session("ci", tty=True, ci=True)
 
 
 # -- the plugin's overhead per cell ----------------------------------------------------------------

@@ -1,18 +1,23 @@
 """Read what a run left on disk (RL-Kernel + vime layout, see docs/artifact-format.md).
 
 Readers are tolerant of version differences: unknown keys are ignored, missing or unreadable
-artifacts become `problems` (reasons), never exceptions. `.pt` files are read by `read_pt`:
-`judge/ptfile.py`'s restricted reader (a strict subset of `weights_only=True`), else
-`torch.load(weights_only=True)`; torch is imported only when a `.pt` file exists.
+artifacts become `problems` (reasons), never exceptions. `.pt` files are read by `read_pt`,
+`torch.load(weights_only=True)` over the bytes read through `store.safeio` (capped, regular
+files inside the run directory); torch is imported only when a `.pt` file exists. Within
+`pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step claims
+(`judge.steps`) get the same loaded object and the same problems as the evidence did.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import re
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +26,10 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
 from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
-from pytest_rlkernel_matrix.judge.ptfile import Unsupported, load_plain
 from pytest_rlkernel_matrix.judge.sidecars import (
     Shard,
     SidecarError,
+    SidecarInfo,
     SidecarRefused,
     float_array,
     merge,
@@ -249,8 +254,61 @@ def _seq(value: Any, what: str) -> list[Any]:
     return list(value)
 
 
+_LOCAL = threading.local()  # .memo: {(path, root): (loaded, problems)} inside `pt_memo()`
+
+
+@contextmanager
+def pt_memo() -> Iterator[None]:
+    """Read each `.pt` file once inside the block (one cell's analysis, in this thread)."""
+    outer = getattr(_LOCAL, "memo", None)
+    _LOCAL.memo = {}
+    try:
+        yield
+    finally:
+        _LOCAL.memo = outer
+
+
 def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any], str] | None:
     """(dict, sha256 of the bytes) of one `.pt` file, or None with a problem recorded."""
+    memo = getattr(_LOCAL, "memo", None)
+    if memo is None:
+        return _read_pt_file(path, root, problems)
+    key = (str(path), str(root))
+    if key not in memo:
+        said: list[str] = []
+        memo[key] = (_read_pt_file(path, root, said), said)
+    loaded, said = memo[key]
+    problems.extend(said)
+    return loaded
+
+
+def _read_sidecar_once(data: dict[str, Any], file: str) -> tuple[SidecarInfo, list[Shard]]:
+    """`read_sidecar`, once per loaded object inside `pt_memo()` (its outcome, an exception
+    included, is remembered with the object); the shards name `file`."""
+    memo = getattr(_LOCAL, "memo", None)
+    if memo is None:
+        return read_sidecar(data, file)
+    key = ("sidecar", id(data))
+    if key not in memo:
+        try:
+            memo[key] = (data, read_sidecar(data, file), None)
+        except Exception as exc:
+            memo[key] = (data, None, exc)
+    _, done, exc = memo[key]
+    if exc is not None:
+        raise exc
+    info, shards = done
+    return info, (shards if not shards or shards[0].file == file
+                  else [dataclasses.replace(sh, file=file) for sh in shards])
+
+
+def sidecar_shards(data: dict[str, Any], file: str) -> list[Shard]:
+    """The shards of a loaded sidecar (`read_sidecar`), naming `file` (read once per analysis)."""
+    return _read_sidecar_once(data, file)[1]
+
+
+def _read_pt_file(path: Path, root: Path, problems: list[str],
+                  ) -> tuple[dict[str, Any], str] | None:
     try:
         import torch
     except ImportError:
@@ -273,12 +331,12 @@ def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any
 
 
 def read_pt(raw: bytes, torch: Any) -> Any:
-    """A `.pt` file's object: the restricted fast reader (`judge.ptfile`, a strict subset of what
-    `weights_only=True` accepts), else `torch.load(weights_only=True)` (everything it reads)."""
-    try:
-        return load_plain(raw)
-    except Unsupported:
-        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    """A `.pt` file's object: `torch.load(weights_only=True)` on its bytes, CPU tensors.
+
+    From bytes, not from the path with `mmap=True`: the bytes are the ones `store.safeio`
+    checked (and hashed), and for sidecar-sized files the two cost the same (docs/benchmarks.md).
+    """
+    return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
 
 
 def _renumber(samples: Iterable[Sample]) -> list[Sample]:
@@ -296,7 +354,7 @@ def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard]) -> None:
     data, digest = loaded
     rel = f"{path.parent.name}/{path.name}"
     try:
-        info, found = read_sidecar(data, rel)
+        info, found = _read_sidecar_once(data, rel)
     except (ValueError, TypeError, IndexError, RecursionError, OverflowError, MemoryError,
             RuntimeError) as exc:
         what = "refused" if isinstance(exc, SidecarRefused) else "malformed"

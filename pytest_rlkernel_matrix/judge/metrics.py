@@ -112,14 +112,15 @@ def bitwise_reason(m: DriftMetrics) -> str | None:
 
 
 def compute(samples: Sequence[Sample],
-            parts: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> DriftMetrics:
+            parts: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+            *, summary_only: bool = False) -> DriftMetrics:
     """Metrics over the active tokens of all samples. `parts`: the active (train, rollout)
     values in the order RL-Kernel sums them (its shards), for the pooled figures; default: per
-    sample, in the order given."""
+    sample, in the order given. `summary_only` (the per-step series): the same counts, max and
+    pooled figures, without percentiles, histogram, worst tokens and first mismatches."""
     out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
     if not samples:
         return out
-    lengths = np.array([int(np.count_nonzero(s.mask)) for s in samples], dtype=np.int64)
     active = [s.mask.astype(bool) for s in samples]
     train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
     roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
@@ -140,19 +141,24 @@ def compute(samples: Sequence[Sample],
     out.mismatch_fraction = out.mismatch_count / n
     if ad.size:
         out.logprob_abs_diff_max = float(ad.max())
-        p50, p90, p99 = np.percentile(ad, PERCENTILES)
-        out.logprob_abs_diff_p50, out.logprob_abs_diff_p90 = float(p50), float(p90)
-        out.logprob_abs_diff_p99 = float(p99)
         if parts is None:
             parts = [(s.train[m], s.rollout[m]) for s, m in zip(samples, active, strict=True)]
         figures = pooled_figures(parts) if out.nonfinite_count == 0 else None
         if figures is not None:
             _, mean_abs, out.mismatch_kl, out.mismatch_k3_kl = figures
             out.logprob_abs_diff_mean = out.train_rollout_logprob_abs_diff = mean_abs
+        if summary_only:
+            return out
+        p50, p90, p99 = np.percentile(ad, PERCENTILES)
+        out.logprob_abs_diff_p50, out.logprob_abs_diff_p90 = float(p50), float(p90)
+        out.logprob_abs_diff_p99 = float(p99)
         if ad.max() > 0:
             counts, edges = np.histogram(np.log10(ad[ad > 0]), bins=20)
             out.histogram = {"log10_abs_diff_edges": edges.tolist(),
                              "counts": counts.tolist(), "zero": int(ad.size - np.count_nonzero(ad))}
+    if summary_only:
+        return out
+    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
     _worst(out, samples, active, lengths, d, neq)
     return out
 

@@ -18,6 +18,7 @@ token counts once and a missing shard leaves its positions inactive (and is a re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,17 +43,26 @@ class SidecarRefused(SidecarError):
 
 def response_offsets(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
     """Response offsets `j` (logit position `total - response - 1 + j`) a CP rank holds, in the
-    order its sidecar stores them (RL-Kernel's `slice_response_mask_for_cp`)."""
+    order its sidecar stores them (RL-Kernel's `slice_response_mask_for_cp`). Read-only: one
+    array per (total, response, cp, cp_rank), shared by every sample of that shape."""
+    return _offsets(total, response, cp, cp_rank)
+
+
+@functools.lru_cache(maxsize=256)  # arrays no larger than a stored mask
+def _offsets(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
     if cp == 1:
-        return np.arange(response, dtype=np.int64)
-    base = total - response - 1
-    chunk = (total + 2 * cp - 1) // (2 * cp)
-    pieces = []
-    for c in (cp_rank, 2 * cp - cp_rank - 1):
-        lo, hi = max(c * chunk, base), min((c + 1) * chunk, total - 1)
-        if lo < hi:
-            pieces.append(np.arange(lo - base, hi - base, dtype=np.int64))
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        out = np.arange(response, dtype=np.int64)
+    else:
+        base = total - response - 1
+        chunk = (total + 2 * cp - 1) // (2 * cp)
+        pieces = []
+        for c in (cp_rank, 2 * cp - cp_rank - 1):
+            lo, hi = max(c * chunk, base), min((c + 1) * chunk, total - 1)
+            if lo < hi:
+                pieces.append(np.arange(lo - base, hi - base, dtype=np.int64))
+        out = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    out.setflags(write=False)
+    return out
 
 
 def schema_of(data: Mapping[str, Any]) -> str:

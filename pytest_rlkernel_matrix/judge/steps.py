@@ -30,7 +30,7 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge import evidence as _ev
 from pytest_rlkernel_matrix.judge.metrics import compute
-from pytest_rlkernel_matrix.judge.sidecars import float_array, merge, read_sidecar
+from pytest_rlkernel_matrix.judge.sidecars import float_array, merge
 from pytest_rlkernel_matrix.judge.stats import RESAMPLES, SEED
 from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, listing, read_bytes
 
@@ -127,13 +127,13 @@ def read_steps(root: Path) -> Steps:
             if loaded is None:
                 continue
             try:
-                shards.extend(read_sidecar(loaded[0], path.name)[1])
+                shards.extend(_ev.sidecar_shards(loaded[0], path.name))
             except (ValueError, TypeError, IndexError) as exc:
                 st.problems.append(f"sidecar {path.name}: malformed: {exc}")
         merged = merge(shards)
         st.problems.extend(merged.problems)
         samples = merged.samples
-        m = compute(_ev._renumber(samples), merged.parts)
+        m = compute(_ev._renumber(samples), merged.parts, summary_only=True)
         st.series.append({"step": call, "active_tokens": m.active_token_count,
                           "abs_diff_mean": m.logprob_abs_diff_mean or 0.0,
                           "abs_diff_max": m.logprob_abs_diff_max or 0.0,

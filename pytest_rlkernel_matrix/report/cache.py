@@ -8,6 +8,16 @@ file that is not a `.pt` (the JSON, logs and env files; small). A record is reus
 whole key is equal; otherwise the entry is ignored with the reason (`lookup`) and the cell is read
 again. Entries are written atomically (`store.atomic`). The record in an entry is already
 scrubbed of secrets; a hit is scrubbed again with the current environment's secrets.
+
+Hashing every small file is most of a warm re-report (a 200-step cell has 400 weight audits).
+So an entry also keeps, outside its key, each hashed file's stamp (device, inode, `ctime_ns`)
+and when the hashing began: the next key takes a file's sha256 from the entry instead of
+reading the file only when type, size, `mtime_ns` and the stamp are all unchanged and the
+file's `ctime_ns` lies at least `SETTLED_NS` before that hashing began. The kernel sets
+`ctime` on every write and on every `utime`, and no program can set it back, so an equal stamp
+means the file was not written since it was hashed; the margin covers the clock's coarse ticks
+(a write in the same tick as the hash is hashed again, as git treats "racy" index entries).
+Anything else (a copied root, a file touched or rewritten) is hashed again.
 """
 
 from __future__ import annotations
@@ -16,8 +26,10 @@ import hashlib
 import json
 import os
 import stat
+import time
 from collections.abc import Mapping
 from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,41 +39,90 @@ from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 
 CACHE_DIR = ".rlk-cache"
 HASH_CAP = 256 * 2**20  # a non-.pt file larger than this is identified by size + mtime only
+SETTLED_NS = 2 * 10**9  # a stored hash is reused only for files unchanged this long before it
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _sha256(path: str) -> str:
+    with open(path, "rb", buffering=0) as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def file_identity(run_dir: Path) -> dict[str, list[Any]]:
-    """{relative path: [type, size, mtime_ns, sha256 or None]} of everything under `run_dir`."""
+@dataclass
+class Key:
+    """A cell's cache key (`key`, compared whole) and what lets the next key skip re-hashing
+    (`stamps`, `hashed_ns`; stored beside the key, never part of it)."""
+
+    key: dict[str, Any]
+    stamps: dict[str, list[int]] = field(default_factory=dict)
+    hashed_ns: int = 0
+    hashed: int = 0  # small files read and hashed for this key (the others: stored hashes)
+
+
+def _previous(entry: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(files, stamps, hashed_ns) of an entry, empty when any part is malformed."""
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("key"), Mapping):
+        return {}, {}, 0
+    files, stamps, when = entry["key"].get("files"), entry.get("stamps"), entry.get("hashed_ns")
+    if not (isinstance(files, dict) and isinstance(stamps, dict) and type(when) is int):
+        return {}, {}, 0
+    return files, stamps, when
+
+
+def file_identity(run_dir: Path, previous: Mapping[str, Any] | None = None,
+                  ) -> tuple[dict[str, list[Any]], dict[str, list[int]], int]:
+    """({relative path: [type, size, mtime_ns, sha256 or None]}, {relative path: stamp},
+    files hashed) of everything under `run_dir` (symlinks listed, never followed); a small
+    file's sha256 comes from `previous` (a cache entry) when its stamp proves it unwritten since
+    it was hashed (module doc)."""
     out: dict[str, list[Any]] = {}
-    for top, dirs, files in os.walk(run_dir):
-        dirs.sort()
-        base = Path(top)
-        for name in sorted(dirs) + sorted(files):
-            path = base / name
-            st = path.lstat()
-            rel = str(path.relative_to(run_dir))
+    stamps: dict[str, list[int]] = {}
+    hashed = 0
+    was, was_stamps, hashed_ns = _previous(previous)
+    settled = hashed_ns - SETTLED_NS
+
+    def walk(top: str, prefix: str) -> None:
+        nonlocal hashed
+        with os.scandir(top) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        subdirs = []
+        for entry in entries:
+            rel = prefix + entry.name
+            st = entry.stat(follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
-                out[rel] = ["link", os.readlink(path), st.st_mtime_ns, None]
+                out[rel] = ["link", os.readlink(entry.path), st.st_mtime_ns, None]
             elif stat.S_ISDIR(st.st_mode):
                 out[rel] = ["dir", 0, 0, None]
+                subdirs.append(entry)
+            elif (entry.name.endswith(".pt") or st.st_size > HASH_CAP
+                  or not stat.S_ISREG(st.st_mode)):
+                out[rel] = ["file", st.st_size, st.st_mtime_ns, None]
             else:
-                digest = (None if name.endswith(".pt") or st.st_size > HASH_CAP
-                          or not stat.S_ISREG(st.st_mode) else _sha256(path))
+                stamp = [st.st_dev, st.st_ino, st.st_ctime_ns]
+                old = was.get(rel)
+                if (st.st_ctime_ns < settled and was_stamps.get(rel) == stamp
+                        and isinstance(old, list) and len(old) == 4
+                        and old[:3] == ["file", st.st_size, st.st_mtime_ns]
+                        and isinstance(old[3], str)):
+                    digest = old[3]
+                else:
+                    digest = _sha256(entry.path)
+                    hashed += 1
                 out[rel] = ["file", st.st_size, st.st_mtime_ns, digest]
-    return out
+                stamps[rel] = stamp
+        for entry in subdirs:
+            walk(entry.path, f"{prefix}{entry.name}/")
+
+    walk(str(run_dir), "")
+    return out, stamps, hashed
 
 
-def cache_key(run_dir: Path, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    return {"analysis_version": _record.ANALYSIS_VERSION, "plugin_version": __version__,
-            "inputs": json.loads(json.dumps(inputs, sort_keys=True, default=repr)),
-            "files": file_identity(run_dir)}
+def cache_key(run_dir: Path, inputs: Mapping[str, Any],
+              previous: Mapping[str, Any] | None = None) -> Key:
+    hashed_ns = time.time_ns()
+    files, stamps, hashed = file_identity(run_dir, previous)
+    return Key({"analysis_version": _record.ANALYSIS_VERSION, "plugin_version": __version__,
+                "inputs": json.loads(json.dumps(inputs, sort_keys=True, default=repr)),
+                "files": files}, stamps, hashed_ns, hashed)
 
 
 def entry_path(root: Path, rel: str) -> Path:
@@ -69,9 +130,9 @@ def entry_path(root: Path, rel: str) -> Path:
 
 
 def _why(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    for field in ("analysis_version", "plugin_version"):
-        if old.get(field) != new[field]:
-            return f"{field.replace('_', ' ')} {old.get(field)} != {new[field]}"
+    for name in ("analysis_version", "plugin_version"):
+        if old.get(name) != new[name]:
+            return f"{name.replace('_', ' ')} {old.get(name)} != {new[name]}"
     if old.get("inputs") != new["inputs"]:
         keys = sorted(k for k in new["inputs"] if (old.get("inputs") or {}).get(k)
                       != new["inputs"][k])
@@ -89,8 +150,8 @@ def _why(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "key differs"
 
 
-def lookup(root: Path, rel: str, key: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """(cached record, "") on a hit, else (None, why the entry is not used)."""
+def read_entry(root: Path, rel: str) -> tuple[dict[str, Any] | None, str]:
+    """(the cell's cache entry, "") or (None, why there is no usable one)."""
     path = entry_path(root, rel)
     if not path.exists():
         return None, "no cache entry"
@@ -101,12 +162,27 @@ def lookup(root: Path, rel: str, key: Mapping[str, Any]) -> tuple[dict[str, Any]
     if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict) \
             or not isinstance(entry.get("key"), dict):
         return None, "cache entry is not a record with its key"
-    if entry["key"] != key:
-        return None, _why(entry["key"], key)
-    return entry["record"], ""
+    return entry, ""
 
 
-def store(root: Path, rel: str, key: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+def lookup(root: Path, rel: str, inputs: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str,
+                                                                      Key]:
+    """(cached record, "", key) on a hit, else (None, why the entry is not used, key): the key
+    of `<root>/<rel>` as it is now, to store the record under after a miss."""
+    entry, why = read_entry(root, rel)
+    key = cache_key(root / rel, inputs, entry)
+    if entry is None:
+        return None, why, key
+    if entry["key"] != key.key:
+        return None, _why(entry["key"], key.key), key
+    if key.hashed:  # files hashed again (new stamps, or too recent to trust): keep the stamps
+        store(root, rel, key, entry["record"])
+    return entry["record"], "", key
+
+
+def store(root: Path, rel: str, key: Key, record: Mapping[str, Any]) -> None:
     """Write the entry atomically; a root that cannot take it (read-only) just gets no cache."""
     with suppress(OSError):
-        write_json_atomic(entry_path(root, rel), {"key": key, "record": record})
+        write_json_atomic(entry_path(root, rel), {"key": key.key, "stamps": key.stamps,
+                                                  "hashed_ns": key.hashed_ns,
+                                                  "record": record})

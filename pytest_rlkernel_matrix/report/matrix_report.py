@@ -1,18 +1,25 @@
 """`matrix-report.json`: the session report over every cell's record, and its terminal table.
 
 The records come from `report.record`; this module orders them, counts the verdicts,
-groups the nodes' fingerprints and adds the attribution (`report.attribution`).
+groups the nodes' fingerprints and adds the attribution (`report.attribution`). Given a
+`memo` directory (`rlk-matrix report`'s cache), the attribution of records equal to the last
+report's comes from `<memo>/attribution.json` instead of its bootstrap (numpy is then not
+imported): the entry is keyed by the sha256 of the records and of the attribution's sources.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
+from pytest_rlkernel_matrix import __version__
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
+from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
 
 REPORT_SCHEMA = "rlk-matrix.report.v1"
 
@@ -53,6 +60,52 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+# What `attribute` / `attribute_factors` compute with: a change to any of them is a new key.
+_ATTRIBUTION_SOURCES = ("report/attribution.py", "judge/stats.py", "spec/limits.py",
+                        "spec/terms.py")
+MEMO_FILE = "attribution.json"
+
+
+def _attribution_key(ordered: Sequence[Mapping[str, Any]]) -> str:
+    digest = hashlib.sha256(__version__.encode())
+    for rel in _ATTRIBUTION_SOURCES:
+        digest.update(rel.encode() + b"\0" + (_PACKAGE / rel).read_bytes())
+    try:  # records read from JSON (cache hits) dump as they are; others made JSON-safe first
+        text = json.dumps(list(ordered), sort_keys=True)
+    except (TypeError, ValueError):
+        text = json.dumps(json_safe(list(ordered)), sort_keys=True)
+    digest.update(text.encode())
+    return digest.hexdigest()
+
+
+def attributions(ordered: Sequence[Mapping[str, Any]],
+                 memo: Path | None = None) -> tuple[Any, Any]:
+    """(attribution, factor attribution) of the ordered records, as JSON values; from
+    `<memo>/attribution.json` when its key (records and sources) is this one's."""
+    key = entry = None
+    if memo is not None:
+        try:
+            key = _attribution_key(ordered)
+        except OSError:  # the sources are not plain files (a zipped install): no memo
+            memo = None
+    if memo is not None:
+        with suppress(OSError, ValueError, RecursionError):
+            entry = json.loads((memo / MEMO_FILE).read_text(encoding="utf-8"))
+        if isinstance(entry, dict) and entry.get("key") == key and {
+                "attribution", "factor_attribution"} <= entry.keys():
+            return entry["attribution"], entry["factor_attribution"]
+    from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
+
+    # JSON values either way, so a memo hit and a fresh computation are the same objects
+    out = json.loads(json.dumps(json_safe({"attribution": attribute(ordered),
+                                           "factor_attribution": attribute_factors(ordered)})))
+    if memo is not None:
+        with suppress(OSError):  # a read-only root just gets no memo
+            write_json_atomic(memo / MEMO_FILE, {"key": key, **out})
+    return out["attribution"], out["factor_attribution"]
+
+
 def build_report(
     records: Sequence[Mapping[str, Any]],
     *,
@@ -62,8 +115,10 @@ def build_report(
     created: str,
     expected_cells: int,
     interrupted: bool,
+    memo: Path | None = None,
 ) -> dict[str, Any]:
     ordered = sorted(records, key=lambda r: (r["hardware"], cell_order(r)))
+    attribution, factor_attribution = attributions(ordered, memo)
     return {
         "schema_version": REPORT_SCHEMA,
         "created": created,
@@ -75,8 +130,8 @@ def build_report(
         "summary": summarize(records),
         "preflight": dict(preflight or {}),
         "node_fingerprints": node_fingerprint_groups(ordered),
-        "attribution": attribute(ordered),
-        "factor_attribution": attribute_factors(ordered),
+        "attribution": attribution,
+        "factor_attribution": factor_attribution,
         "cells": ordered,
     }
 

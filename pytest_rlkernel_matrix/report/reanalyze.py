@@ -91,6 +91,13 @@ def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell,
     return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel)
 
 
+def _one_thread() -> None:
+    """A pool worker: one torch thread (workers x torch's default threads would oversubscribe
+    the CPUs the pool is sized to; measured in docs/benchmarks.md)."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
 def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], jobs: int,
                done: Callable[[_Task], None]) -> None:
     if jobs <= 1 or len(todo) <= 1:
@@ -108,7 +115,8 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
         import torch  # noqa: F401  (once here, not once per worker: forked workers share it)
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx,
+                             initializer=_one_thread) as pool:
         futures = {pool.submit(_analyze_task, root, t.rel, gaps[t.hardware], t.cell, t.mode): t
                    for t in todo}
         for future in as_completed(futures):
@@ -164,7 +172,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
     Cells are analysed in `jobs` processes (default: the CPUs of this process's affinity);
     a cell whose artifacts are unchanged since the last report comes from the analysis cache
     (`report/cache.py`) unless `use_cache` is false. `log` gets one line per cache miss and a
-    summary; `progress` shows a bar on a terminal (None: when stderr is one).
+    summary; `progress` shows a bar (None: on a terminal, never in CI: `report.progress`).
     """
     from pytest_rlkernel_matrix.report import cache
 
@@ -199,16 +207,15 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             rel = str(meta_path.parent.relative_to(root))
             plan.append((task(rel, meta_path.parent.parent.name, _cell_from_dir(meta_path.parent),
                               str(matrix.get("mode", "?"))), None, {}))
-    keys: dict[str, dict[str, Any]] = {}
+    keys: dict[str, cache.Key] = {}
     todo: list[_Task] = []
     scrub = Scrubber.from_env(os.environ).obj
     for t in tasks.values():
         if use_cache:
             # The cell and mode label only a record whose cell-run.json is unusable, which is
             # never cached (`done`): the key is the directory and the matrix file's gaps.
-            keys[t.rel] = cache.cache_key(root / t.rel, {
+            hit, why, keys[t.rel] = cache.lookup(root, t.rel, {
                 "artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]})
-            hit, why = cache.lookup(root, t.rel, keys[t.rel])
             if hit is not None:
                 t.record = scrub(hit)
                 continue
@@ -253,6 +260,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         expected_cells=expected if isinstance(expected, int) else len(records),
         interrupted=bool(old.get("interrupted", False)),
+        memo=root / cache.CACHE_DIR if use_cache else None,
     )
     if notes:
         report["reanalysis_notes"] = notes
@@ -292,6 +300,6 @@ class _Bar:
 
 
 def _bar(total: int, progress: bool | None) -> _Bar:
-    show = progress if progress is not None else bool(
-        getattr(sys.stderr, "isatty", lambda: False)())
-    return _Bar(total, show)
+    from pytest_rlkernel_matrix.report.progress import on_terminal
+
+    return _Bar(total, progress if progress is not None else on_terminal(sys.stdout, sys.stderr))

@@ -16,34 +16,24 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_rlkernel_matrix.judge.evidence import SIDES, Evidence, read_evidence
-from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
-from pytest_rlkernel_matrix.judge.upstream import (
-    bitwise_validation_status,
-    native_logp_evidence,
-    route_form,
-)
-from pytest_rlkernel_matrix.judge.verdict import (
-    Decision,
-    Policy,
-    contract_id,
-    decide,
-    exposure_of,
-)
-from pytest_rlkernel_matrix.run.contamination import read_measurement
-from pytest_rlkernel_matrix.run.runner import RunResult
 from pytest_rlkernel_matrix.spec.cells import Cases, Cell, FactorPoint
-from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
-from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
 from pytest_rlkernel_matrix.store.redact import Scrubber
+
+if TYPE_CHECKING:  # the readers and the judge (numpy, pydantic) load only when a cell is read
+    from pytest_rlkernel_matrix.judge.evidence import Evidence
+    from pytest_rlkernel_matrix.judge.verdict import Decision
+    from pytest_rlkernel_matrix.run.runner import RunResult
+    from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
-ANALYSIS_VERSION = 3  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight notes
+ANALYSIS_VERSION = 4  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
+# notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24)
+SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
@@ -70,6 +60,8 @@ def cell_to_dict(cell: Cell) -> dict[str, Any]:
 
 
 def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
+    from pytest_rlkernel_matrix.judge.upstream import native_logp_evidence
+
     routes: dict[str, Any] = {}
     for module in cell.cases.modules:
         entry: dict[str, Any] = {"requested": cell.cases.of(module)}
@@ -111,6 +103,13 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
 
 def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     """What the record says about RL-Kernel's own artifact forms (docs/en/conformance.md)."""
+    from pytest_rlkernel_matrix.judge.upstream import (
+        bitwise_validation_status,
+        native_logp_evidence,
+        route_form,
+    )
+    from pytest_rlkernel_matrix.judge.verdict import exposure_of
+
     bv = ev.bitwise_validation
     status, detail = bitwise_validation_status(bv) if isinstance(bv, dict) else (None, "")
     return {
@@ -164,6 +163,11 @@ def analyze_run(
     Every string in it is scrubbed of secret values (`redact`): the session passes the scrubber
     that knows the cell's secrets; without one, the secrets of this process's environment.
     """
+    from pytest_rlkernel_matrix.judge.evidence import pt_memo, read_evidence
+    from pytest_rlkernel_matrix.judge.verdict import Policy, decide
+    from pytest_rlkernel_matrix.run.runner import RunResult
+    from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
+
     scrub = (scrubber or Scrubber.from_env(os.environ)).obj
     try:
         meta = read_cell_run(run_dir)
@@ -175,15 +179,16 @@ def analyze_run(
         return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
     try:
         t0 = time.perf_counter()
-        ev = read_evidence(run_dir)
-        t1 = time.perf_counter()
-        decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
-                          env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
-                          gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
-                          blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
-                          policy=Policy.from_meta(meta),
-                          performance_policy=PerformancePolicy.from_mapping(
-                              meta.get("performance_policy")))
+        with pt_memo():  # the evidence and the per-step claims read each `.pt` file once
+            ev = read_evidence(run_dir)
+            t1 = time.perf_counter()
+            decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
+                              env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
+                              gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
+                              blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
+                              policy=Policy.from_meta(meta),
+                              performance_policy=PerformancePolicy.from_mapping(
+                                  meta.get("performance_policy")))
         # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
         # gap for runs recorded without them.
         fps = meta.get("fingerprints") or ({} if meta.get("scheduler") else fingerprints) or {}
@@ -286,6 +291,11 @@ def build_record(
     decision: Decision,
     fingerprints: Mapping[str, str],
 ) -> dict[str, Any]:
+    from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
+    from pytest_rlkernel_matrix.judge.verdict import contract_id
+    from pytest_rlkernel_matrix.run.contamination import read_measurement
+    from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
+
     metrics = ev.metrics.as_dict() if ev.metrics else {}
     phases, spread = ev.log.phases(int(meta.get("warmup", 0)))
     record: dict[str, Any] = {

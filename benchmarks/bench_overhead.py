@@ -1,0 +1,130 @@
+"""The plugin's own time per cell (`overhead_s` in each record), on a real matrix and a no-op one.
+
+    python benchmarks/bench_overhead.py                          # the repo's matrix.toml, one run
+    python benchmarks/bench_overhead.py --noop 10                # `command = "sleep 10"`, 4 cells
+    python benchmarks/bench_overhead.py --matrix FILE -- -k attention   # any matrix, pytest args
+
+Each run is one fresh `pytest -p no:cacheprovider --rlk-matrix=<file> --rlk-matrix-root=<new
+root>` at the repo root. `--noop S` writes a matrix (attention only, pairwise: 4 cells) whose
+command is `sleep S`: it leaves no evidence, so every cell is `error`; only its overhead counts.
+From `matrix-report.json` the script prints per cell `overhead_s` (the seconds the plugin spent
+outside the cell's processes: run directory and environment, launch + contamination sampling +
+waiting beyond the process's wall time, `cell-run.json`, reading the evidence, the verdict and
+the record; `report/record.py`), its parts, the process's wall time and the fraction of the
+cell's wall time, then (per run directory: items sharing a run count once) the median and the
+largest against the targets of issue 24
+(<= 2% of a cell's wall on the default matrix, <= 0.5 s per cell on a no-op command), once over
+all runs and once without the run whose analysis paid the session's one-time `import torch`
+(the largest `evidence_s`: torch is imported lazily, by the first analysis reading a `.pt`).
+The load average before and after is printed with the figures: on a shared box they move with
+it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ("env_s", "launch_wait_s", "record_write_s", "evidence_s", "verdict_s", "record_s")
+
+
+def _noop_matrix(path: Path, seconds: float) -> None:
+    path.write_text(
+        '[matrix]\nname = "noop-overhead"\nmodules = ["attention"]\nmode = "audit"\n'
+        'layout = "pairwise"\n\n'
+        f'[runner]\ncommand = "sleep {seconds:g}"\ntimeout = {seconds * 3 + 60:g}\n\n'
+        '[hardware.cpu]\nbackend = "cpu"\n')
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--matrix", type=Path, default=REPO / "matrix.toml")
+    ap.add_argument("--noop", type=float, default=None, metavar="S",
+                    help="measure a matrix whose command is `sleep S` instead")
+    ap.add_argument("--keep", action="store_true", help="keep the matrix root (printed)")
+    ap.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rlk-bench-overhead-"))
+    try:
+        return _run(args, work)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, work: Path) -> int:
+    matrix = args.matrix
+    if args.noop is not None:
+        matrix = work / "noop.toml"
+        _noop_matrix(matrix, args.noop)
+    root = work / "root"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+           f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}", *args.pytest_args]
+    before = _load()
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = _load()
+    report = root / "matrix-report.json"
+    if not report.exists():
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+        return 1
+    cells: list[dict[str, Any]] = json.loads(report.read_text())["cells"]
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    print(f"matrix {matrix.name}{f' (sleep {args.noop:g})' if args.noop is not None else ''}: "
+          f"pytest exit {proc.returncode}, {tail!r}; session wall {wall:.1f} s; "
+          f"load average {before} -> {after}; {len(os.sched_getaffinity(0))} CPUs")
+    print("| cell | verdict | overhead_s | " + " | ".join(PARTS)
+          + " | process wall s | cell wall s | fraction |")
+    print("| --- " * (6 + len(PARTS)) + "|")
+    rows: dict[str, tuple[float, float, float]] = {}  # per run directory (items may share one)
+    for c in cells:
+        o = c.get("overhead") or {}
+        if "overhead_s" not in c:
+            continue
+        rows[str(c.get("artifact_dir"))] = (c["overhead_s"], o.get("fraction") or 0.0,
+                                            o.get("evidence_s") or 0.0)
+        print(f"| {c['module']} {c['case']} | {c['verdict']} | {c['overhead_s']:.3f} | "
+              + " | ".join(f"{o.get(k, 0):.4f}" for k in PARTS)
+              + f" | {o.get('process_wall_s') or 0:.2f} | {o.get('cell_wall_s') or 0:.2f} | "
+              f"{100 * (o.get('fraction') or 0):.2f}% |")
+    if not rows:
+        print("no record carries overhead_s")
+        return 1
+    runs = list(rows.values())
+    # The session imports torch lazily, in the first analysis that reads a `.pt` file: that run's
+    # evidence_s carries the session's one-time import. Shown with and without it.
+    first = max(runs, key=lambda r: r[2])
+    for label, chosen in ((f"all {len(runs)} runs", runs),
+                          (f"without the run with the largest evidence_s ({first[2]:.2f} s)",
+                           [r for r in runs if r is not first])):
+        if not chosen:
+            continue
+        over, frac = [r[0] for r in chosen], [r[1] for r in chosen]
+        print(f"{label}: overhead per cell median {statistics.median(over):.3f} s, max "
+              f"{max(over):.3f} s (ratio to the no-op target 0.5 s: "
+              f"{statistics.median(over) / 0.5:.2f} median, {max(over) / 0.5:.2f} max); "
+              f"fraction of a cell's wall median {100 * statistics.median(frac):.2f}%, max "
+              f"{100 * max(frac):.2f}% (ratio to the default-matrix target 2%: "
+              f"{statistics.median(frac) / 0.02:.2f} median, {max(frac) / 0.02:.2f} max)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

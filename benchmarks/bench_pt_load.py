@@ -1,0 +1,74 @@
+"""Per-file cost of reading RL-Kernel sidecars: `torch.load(weights_only=True)` variants.
+
+    python benchmarks/bench_pt_load.py ROOT [--files 200] [--baseline OLD]
+
+ROOT is a matrix root (e.g. one `bench_report_scale.py --keep` built); the first `--files`
+sidecars of `cpu/ffn-pr/mismatch-sidecars/` are read, all bytes in memory first, five rounds,
+interleaved. Printed per variant: CPU ms per file (best and median of the rounds, process time,
+so the load of a shared box weighs less than in wall time) and the ratio to the first variant:
+
+- `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.evidence.read_pt` does (the
+  bytes are the ones `store.safeio` read and checked);
+- `torch.load(path, weights_only=True)` and `torch.load(path, weights_only=True, mmap=True)`;
+- with `--baseline OLD` (a directory holding an older `pytest_rlkernel_matrix` whose
+  `judge/ptfile.py` exists), that restricted reader's `load_plain(bytes)`, for the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--files", type=int, default=200)
+    ap.add_argument("--baseline", type=Path, default=None, metavar="OLD")
+    args = ap.parse_args()
+    import torch
+
+    files = sorted((args.root / "cpu" / "ffn-pr" / "mismatch-sidecars").glob("*.pt"))
+    files = files[:args.files]
+    raws = [f.read_bytes() for f in files]
+    variants: dict[str, Callable[[Path, bytes], Any]] = {
+        "torch.load(BytesIO(bytes), weights_only=True)": lambda f, r: torch.load(
+            io.BytesIO(r), map_location="cpu", weights_only=True),
+        "torch.load(path, weights_only=True)": lambda f, r: torch.load(
+            f, map_location="cpu", weights_only=True),
+        "torch.load(path, weights_only=True, mmap=True)": lambda f, r: torch.load(
+            f, map_location="cpu", weights_only=True, mmap=True),
+    }
+    if args.baseline is not None:
+        sys.path.insert(0, str(args.baseline))
+        from pytest_rlkernel_matrix.judge.ptfile import load_plain  # the old package's
+
+        variants["old judge/ptfile.py load_plain(bytes) (removed)"] = lambda f, r: load_plain(r)
+    tensors = sum(len(v) for v in torch.load(files[0], weights_only=True).values()
+                  if isinstance(v, list) and v and hasattr(v[0], "numel"))
+    print(f"{len(files)} sidecars of {len(raws[0]):,} bytes, {tensors} tensors each; "
+          f"torch {torch.__version__}")
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(5):
+        for name, fn in variants.items():
+            start = time.process_time()
+            for f, r in zip(files, raws, strict=True):
+                fn(f, r)
+            times[name].append((time.process_time() - start) / len(files) * 1e3)
+    first = min(next(iter(times.values())))
+    print("| reader | CPU ms per file, best | median | vs the first |")
+    print("| --- | --- | --- | --- |")
+    for name, ts in times.items():
+        print(f"| {name} | {min(ts):.2f} | {statistics.median(ts):.2f} | "
+              f"{min(ts) / first:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
