@@ -217,6 +217,8 @@ def test_compare_flags_named_in_docs_exist() -> None:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     flags = {s for a in sub.choices["compare"]._actions for s in a.option_strings}
+    # other tools' flags the manual names: vLLM's, and the reference workload's
+    flags |= {"--max-num-seqs", "--max-new-tokens", "--max-prompt-len"}
     for path in manual_files():
         for flag in re.findall(r"--(?:max|fail-on)-[a-z-]+", text(path)):
             assert flag in flags, f"{rel(path)}: {flag} is not a flag of rlk-matrix compare"

@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.factors import factor_block
 from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, build_report
 from pytest_rlkernel_matrix.report.record import (
     CELL_RUN_FILE,
@@ -158,6 +157,8 @@ def attach_comparisons(records: list[dict[str, Any]], root: Path,
                                       "reasons": [f"no record of {base_id} in the report"]}
         own = rec.get("artifact_dir")
         rel = base.get("artifact_dir")
+        from pytest_rlkernel_matrix.judge.factors import factor_block  # numpy: factor cells only
+
         rec["factor"] = factor_block(rec, f, base_id, root / own if own else None,
                                      root / rel if rel else None, base)
 
