@@ -177,8 +177,12 @@ def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
         for m in MODULES:
             for side in ("training", "rollout"):
                 assert cell["routes"][m][side]["call_count"] > 0, (cell["case"], m, side)
-        audit = cell["weight_versions"]["v0"]  # hashed from what each engine loaded
+        # RL-Kernel's per-version audits, hashed from what each engine loaded
+        assert list(cell["weight_versions"]) == ["0"], cell["weight_versions"]
+        audit = cell["weight_versions"]["0"]
         assert audit["training"] == audit["rollout"]
+        assert cell["weight_audit"]["format"] == "upstream"
+        assert cell["weight_audit"]["problems"] == []
     assert rr["routes"]["attention"]["rollout"]["backend_ids"] == [
         "rlkernel.attention.deterministic.v1"]
     assert pp["routes"]["attention"]["rollout"]["backend_ids"] == ["vllm.production.attention"]
