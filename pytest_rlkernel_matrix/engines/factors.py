@@ -26,10 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_rlkernel_matrix.workload.env import UsageError
+from pytest_rlkernel_matrix.workload.env import (
+    FACTOR_SAMPLING,
+    FACTOR_WEIGHT_SYNC,
+    factor_env,
+)
 
-SAMPLING = ("raw", "processed")
-WEIGHT_SYNC = ("exact", "bf16", "stale")
+SAMPLING, WEIGHT_SYNC = FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC
 
 
 @dataclass
@@ -44,21 +47,7 @@ class EngineFactors:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineFactors:
         e = os.environ if environ is None else environ
-        raw_batch = e.get("RLK_REF_ROLLOUT_BATCH", "all").strip().lower() or "all"
-        if raw_batch == "all":
-            batch = None
-        elif raw_batch.isdigit() and int(raw_batch) >= 1:
-            batch = int(raw_batch)
-        else:
-            raise UsageError(f"RLK_REF_ROLLOUT_BATCH={raw_batch!r}: expected 'all' or an int >= 1 "
-                             "(vLLM max_num_seqs)")
-        sampling = e.get("RLK_REF_SAMPLING", "raw").strip().lower() or "raw"
-        if sampling not in SAMPLING:
-            raise UsageError(f"RLK_REF_SAMPLING={sampling!r}: expected one of {SAMPLING} "
-                             "(vLLM logprobs_mode)")
-        sync = e.get("RLK_REF_WEIGHT_SYNC", "exact").strip().lower() or "exact"
-        if sync not in WEIGHT_SYNC:
-            raise UsageError(f"RLK_REF_WEIGHT_SYNC={sync!r}: expected one of {WEIGHT_SYNC}")
+        raw_batch, batch, sampling, sync = factor_env(e, "vLLM")
         out = cls(batch, sampling, sync)
         note = {"exact": "both engines load the same checkpoint",
                 "bf16": "the engines load the checkpoint in bfloat16 already: the round trip "

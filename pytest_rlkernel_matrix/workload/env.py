@@ -184,3 +184,32 @@ def intra_op_threads(environ: Mapping[str, str], world: int) -> int | None:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return max(1, cpus // world)
+
+
+FACTOR_SAMPLING = ("raw", "processed")
+FACTOR_WEIGHT_SYNC = ("exact", "bf16", "stale")
+
+
+def factor_env(environ: Mapping[str, str], engine: str = "") -> tuple[str, int | None, str, str]:
+    """The three factor variables, read and checked: (``RLK_REF_ROLLOUT_BATCH`` as given, its
+    size or None for all, ``RLK_REF_SAMPLING``, ``RLK_REF_WEIGHT_SYNC``). ``engine``: what the
+    variable sets in an engine, named in the error (e.g. ``vLLM max_num_seqs``)."""
+    def hint(setting: str) -> str:
+        return f" ({engine} {setting})" if engine else ""
+
+    raw_batch = environ.get("RLK_REF_ROLLOUT_BATCH", "all").strip().lower() or "all"
+    if raw_batch == "all":
+        batch = None
+    elif raw_batch.isdigit() and int(raw_batch) >= 1:
+        batch = int(raw_batch)
+    else:
+        raise UsageError(f"RLK_REF_ROLLOUT_BATCH={raw_batch!r}: expected 'all' or an int >= 1"
+                         + hint("max_num_seqs"))
+    sampling = environ.get("RLK_REF_SAMPLING", "raw").strip().lower() or "raw"
+    if sampling not in FACTOR_SAMPLING:
+        raise UsageError(f"RLK_REF_SAMPLING={sampling!r}: expected one of {FACTOR_SAMPLING}"
+                         + hint("logprobs_mode"))
+    sync = environ.get("RLK_REF_WEIGHT_SYNC", "exact").strip().lower() or "exact"
+    if sync not in FACTOR_WEIGHT_SYNC:
+        raise UsageError(f"RLK_REF_WEIGHT_SYNC={sync!r}: expected one of {FACTOR_WEIGHT_SYNC}")
+    return raw_batch, batch, sampling, sync

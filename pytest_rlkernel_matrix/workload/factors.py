@@ -28,10 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pytest_rlkernel_matrix.workload.env import UsageError
+from pytest_rlkernel_matrix.workload.env import FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC, factor_env
 
-SAMPLING = ("raw", "processed")
-WEIGHT_SYNC = ("exact", "bf16", "stale")
+SAMPLING, WEIGHT_SYNC = FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC
 
 
 @dataclass
@@ -47,19 +46,7 @@ class Factors:
     @classmethod
     def from_env(cls) -> Factors:
         e = os.environ
-        raw_batch = e.get("RLK_REF_ROLLOUT_BATCH", "all").strip().lower() or "all"
-        if raw_batch == "all":
-            batch = None
-        elif raw_batch.isdigit() and int(raw_batch) >= 1:
-            batch = int(raw_batch)
-        else:
-            raise UsageError(f"RLK_REF_ROLLOUT_BATCH={raw_batch!r}: expected 'all' or an int >= 1")
-        sampling = e.get("RLK_REF_SAMPLING", "raw").strip().lower() or "raw"
-        if sampling not in SAMPLING:
-            raise UsageError(f"RLK_REF_SAMPLING={sampling!r}: expected one of {SAMPLING}")
-        sync = e.get("RLK_REF_WEIGHT_SYNC", "exact").strip().lower() or "exact"
-        if sync not in WEIGHT_SYNC:
-            raise UsageError(f"RLK_REF_WEIGHT_SYNC={sync!r}: expected one of {WEIGHT_SYNC}")
+        raw_batch, batch, sampling, sync = factor_env(e)
         out = cls(batch, sampling, sync)
         out.effect = {
             "rollout_batch": {"value": raw_batch, "applied": None},
