@@ -7,18 +7,11 @@
 # Usage: scripts/h200_probe.sh [stages]   stages: any of tests,matrix (default: tests,matrix).
 # PROBE_MATRIX / PROBE_HARDWARE run another matrix (e.g. a cpu-backend variant as a CPU check).
 set -u
-OUT=${OUT:-/tmp/rlk-out}
 STAGES=${1:-tests,matrix}
 MATRIX=${PROBE_MATRIX:-docs/examples/h200-probe-lite.toml}
 HW=${PROBE_HARDWARE:-h200}
 ROOT=${PROBE_ROOT:-/tmp/rlk-probe-matrix-$(date -u +%Y%m%dT%H%M%S)}  # a fresh root every call
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHON_BIN=${PYTHON_BIN:-python3}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # pydantic for the plugin (absent from the GPU image)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+. "$(dirname "$0")/device_env.sh"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv 2>/dev/null || echo "no nvidia-smi"

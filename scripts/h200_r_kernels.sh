@@ -3,15 +3,8 @@
 # comparison (issue 14), each stage's full log under $OUT. Usage: scripts/h200_r_kernels.sh [stages]
 # stages: any of tests,bench,sweep,profile,compare,matrix (default: tests,bench,compare).
 set -u
-OUT=${OUT:-/tmp/rlk-out}
 STAGES=${1:-tests,bench,compare}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-export PYTHON_BIN=python3
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # pydantic for the plugin (absent from the GPU image)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+. "$(dirname "$0")/device_env.sh"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton",

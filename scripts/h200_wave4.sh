@@ -3,17 +3,10 @@
 # each matrix root's small artifacts (no .pt sidecars) as one tar.gz.
 # Usage: scripts/h200_wave4.sh [stages]; stages: any of tests,compare,probe,steps,factors.
 set -u
-OUT=${OUT:-/tmp/rlk-out}
 STAGES=${1:-tests,compare,probe}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-export PYTHON_BIN=python3
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # pydantic for the plugin (absent from the GPU image)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+. "$(dirname "$0")/device_env.sh"
 {
-  date -u; git log --oneline -1 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem \
+  date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem \
     --format=csv; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton",
     triton.__version__, torch.cuda.get_device_name(0))'
 } 2>&1 | tee "$OUT/env.log"
