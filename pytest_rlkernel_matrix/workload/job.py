@@ -69,7 +69,7 @@ from .parallel import (
     zigzag_index,
 )
 from .probe import PERTURB_FACTOR, ProbeRequest
-from .sampling import SORT_FREE, sample_top_p
+from .sampling import FAST_PATHS, sample_top_p
 from .upstream import (
     manifest_fields,
     native_training_logp,
@@ -427,7 +427,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "factors": factors.as_dict(),
         "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
         "r_backend": backend, "decode_graphs": graphs and not probe.enabled,
-        "fast_paths": SORT_FREE,
+        "fast_paths": FAST_PATHS,
         "probe": {"enabled": probe.enabled, "budget": probe.budget,
                   "positions": [list(p) for p in probe.positions],
                   "directory": str(probe.directory) if probe.enabled else None,

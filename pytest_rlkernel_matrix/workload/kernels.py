@@ -43,11 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .parallel import Group, fixed_order_sum
+from .sampling import FAST_PATHS
 from .weights import AttnInputs, LayerWeights
-
-# P's fused CUDA paths (flash/cuDNN SDPA with in-kernel GQA, fused RMSNorm); RLK_REF_FAST=0 keeps
-# the earlier unfused P so benchmarks/step_compare.py can measure both side by side.
-FAST_P = os.environ.get("RLK_REF_FAST", "1") != "0"
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -250,7 +247,7 @@ class ModuleKernel:
 
     def _p_norm(self, x: Tensor, w: Tensor) -> Tensor:
         """Native RMSNorm: Megatron/TE fused fp32 epilogue vs vLLM's cast-then-scale."""
-        if x.is_cuda and FAST_P and self.framework == "megatron":  # one fused kernel, fp32 inside
+        if x.is_cuda and FAST_PATHS and self.framework == "megatron":  # fused, fp32 inside
             return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -383,7 +380,7 @@ class AttentionKernel(ModuleKernel):
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), kf.transpose(1, 2).repeat_interleave(g, 1),
                 vf.transpose(1, 2).repeat_interleave(g, 1), attn_mask=mask[:, None])
-        elif (inp.cache is None or t > 1) and x.is_cuda and FAST_P:  # flash/cuDNN, GQA in-kernel
+        elif (inp.cache is None or t > 1) and x.is_cuda and FAST_PATHS:  # flash/cuDNN GQA
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                v.transpose(1, 2), is_causal=True, enable_gqa=True)
         elif inp.cache is None or t > 1:  # training full sequence / rollout prefill: causal

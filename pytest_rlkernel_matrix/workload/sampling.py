@@ -25,8 +25,10 @@ import os
 import torch
 from torch import Tensor
 
-# RLK_REF_FAST=0: the earlier sort-based sampler, for side-by-side benchmarks (same distribution)
-SORT_FREE = os.environ.get("RLK_REF_FAST", "1") != "0"
+# The workload's fast paths: this sampler (both sides) and P's fused CUDA paths (kernels.py).
+# RLK_REF_FAST=0 keeps the earlier ones, so benchmarks/step_compare.py measures both side by side.
+FAST_PATHS = os.environ.get("RLK_REF_FAST", "1") != "0"
+
 MAX_ROUNDS = 64  # after as many rejections the row takes its most probable token (in the nucleus)
 
 
@@ -58,7 +60,7 @@ def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
     ``u [B]``: one uniform number per row, drawn per (sample, position) before the rollout, so
     a row's token depends on its own logprobs only, never on the batch it decodes in."""
     probs = logprobs.exp()
-    if not SORT_FREE:
+    if not FAST_PATHS:  # RLK_REF_FAST=0: the sort-based rule (same distribution)
         return _sorted_top_p(probs, top_p, u)
     if top_p >= 1.0:
         return _draw(probs, None, u)
