@@ -52,6 +52,13 @@ def normalize_case(value: object) -> str:
     return case
 
 
+def normalize_cases(value: object) -> object:
+    """A list of cases, each parsed by `normalize_case`; anything else is left to the model."""
+    if isinstance(value, (list, tuple)):
+        return tuple(normalize_case(v) for v in value)
+    return value
+
+
 Case = Annotated[str, Field(description="training/rollout, e.g. 'P/R'")]
 
 
@@ -128,9 +135,7 @@ class MatrixSection(_Strict):
     @field_validator("cases", mode="before")
     @classmethod
     def _cases(cls, value: object) -> object:
-        if isinstance(value, (list, tuple)):
-            return tuple(normalize_case(v) for v in value)
-        return value
+        return normalize_cases(value)
 
     @field_validator("fixed_case", mode="before")
     @classmethod
@@ -437,9 +442,7 @@ class Factor(_Strict):
     @field_validator("cases", mode="before")
     @classmethod
     def _cases(cls, value: object) -> object:
-        if isinstance(value, (list, tuple)):
-            return tuple(normalize_case(v) for v in value)
-        return value
+        return normalize_cases(value)
 
     @field_validator("cases")
     @classmethod
