@@ -13,7 +13,7 @@ STAGES=${1:-tests,compare,probe}
 matrix() {  # name toml extra-args...
   local name=$1 toml=$2; shift 2
   local t0=$SECONDS
-  python3 -m pytest -p pytest_rlkernel_matrix.plugin -p no:cacheprovider --rlk-matrix="$toml" \
+  timeout -s INT "${MATRIX_TIMEOUT:-540}" python3 -m pytest -p pytest_rlkernel_matrix.plugin -p no:cacheprovider --rlk-matrix="$toml" \
     --rlk-hardware=h200 --rlk-matrix-root=/tmp/m-$name "$@" > "$OUT/$name.log" 2>&1
   echo "[$name] exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/$name.log"
   tail -40 "$OUT/$name.log"
