@@ -526,9 +526,10 @@ class MatrixHooks:
             log = failed_run_log(ms.root, rec)
             if log is not None:
                 tr.write_line(f"    run.log: {log}")
-        from pytest_rlkernel_matrix.report.attribution import attribute
+        from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
 
-        for entry in attribute(list(ms.records.values())):
+        for entry in [*attribute(list(ms.records.values())),
+                      *attribute_factors(list(ms.records.values()))]:
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
         for rec in sorted(ms.records.values(), key=lambda r: (r["hardware"], r["module"],
                                                               r["case"])):

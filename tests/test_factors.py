@@ -4,6 +4,7 @@ workload (CPU, tiny, a few prompts)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,6 +187,10 @@ def test_factor_cells_on_cpu(pytester: pytest.Pytester, tmp_path: Path) -> None:
     assert "no conclusion (the factor cell is contract_mismatch" in words[("drill", "silent")]
     html = (root / "matrix-report.html").read_text()
     assert "factor rollout_batch=one" in html and "the factor, not a kernel" in html
+    out = result.stdout.str()  # the terminal: the same words, and factor rows named
+    for a in report["factor_attribution"]:
+        assert f"{a['hardware']} {a['conclusion']}" in out
+    assert re.search(r"^cpu +factor rollout_batch=one +R/R +rl_kernel +rl_kernel ", out, re.M)
     _reread(root, tmp_path)
 
 

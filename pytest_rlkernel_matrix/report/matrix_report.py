@@ -158,6 +158,21 @@ def _bytes_note(r: Mapping[str, Any]) -> str:
     return f" (bytes {b})" if b is not None and b != r.get("mismatch_count", 0) else ""
 
 
+def _row_name(r: Mapping[str, Any]) -> str:
+    """The module, or for a factor cell ``factor <name>=<variant>`` (as the HTML names it)."""
+    f = r.get("factor")
+    if isinstance(f, Mapping) and f.get("name"):
+        return f"factor {f['name']}={f.get('variant')}"
+    return str(r["module"])
+
+
+def _route(value: Any) -> str:
+    """A side's routes; ``attention=x;ffn=x;logp=x`` (a factor cell's) shortened to ``x``."""
+    text = str(value or "-")
+    parts = {p.partition("=")[2] for p in text.split(";")} if "=" in text else set()
+    return parts.pop() if len(parts) == 1 and "" not in parts else text
+
+
 def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The request's report template as a terminal table."""
     head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
@@ -165,9 +180,9 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = [head]
     for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
         rows.append((
-            str(r["hardware"]), str(r["module"]), str(r["case"]),
-            str(r.get("actual_training_implementation") or "-"),
-            str(r.get("actual_rollout_implementation") or "-"),
+            str(r["hardware"]), _row_name(r), str(r["case"]),
+            _route(r.get("actual_training_implementation")),
+            _route(r.get("actual_rollout_implementation")),
             "yes" if r.get("fallbacks") else "no",
             _fmt_d(r.get("logprob_abs_diff_max")),
             "-" if r.get("active_token_count") is None else

@@ -16,6 +16,14 @@ docs/benchmarks.md). Like FlashInfer's sampler, this one never sorts; it samples
 A row's token depends on its own probabilities and its own uniform only, never on the batch it
 decodes in: the later rounds' uniforms are derived from the row's first one by a fixed integer
 hash. Ties at the nucleus' edge are kept together (the sorted rule keeps them in sort order).
+
+Every sum over the vocabulary (the CDF, the mass above a token) is taken in exact integer
+arithmetic on the probabilities in fixed point (units of 2^-40), so its value does not depend on
+the order a kernel adds in. A floating-point ``cumsum``/``sum`` does: on an H200, torch's CUDA
+reductions over 151,936 tokens add in an order that depends on how many rows the batch has,
+and the factor matrix (``examples/factors.toml``, ``rollout_batch``) caught R/R rollouts
+sampling different tokens with 3 or 1 sequences decoding together than with 8, although every
+R logprob was the same bits. Integer sums are associative: the token is the batch's no more.
 """
 
 from __future__ import annotations
@@ -44,14 +52,22 @@ def _round_uniform(u: Tensor, k: int) -> Tensor:
     return (h >> 8).to(torch.float64).div(2.0**24).to(u.dtype)
 
 
-def _draw(probs: Tensor, pivot: Tensor | None, u: Tensor) -> Tensor:
-    """Inverse-CDF draw in vocabulary order among the tokens with ``p > pivot``."""
-    cand = probs if pivot is None else probs * (probs > pivot[:, None])
-    cdf = cand.cumsum(-1)
+FIXED_POINT = 2.0 ** 40  # probability units of the integer sums (vocab x 2^40 << 2^63)
+
+
+def _fixed(probs: Tensor) -> Tensor:
+    """Probabilities in fixed point, int64 (elementwise: a row's values are its own)."""
+    return (probs.double() * FIXED_POINT).floor().to(torch.int64)
+
+
+def _draw(q: Tensor, pivot: Tensor | None, u: Tensor) -> Tensor:
+    """Inverse-CDF draw in vocabulary order among the tokens with ``q > pivot`` (int64 ``q``)."""
+    cand = q if pivot is None else q * (q > pivot[:, None])
+    cdf = cand.cumsum(-1)  # exact: integer
     total = cdf[:, -1]
-    x = torch.minimum(u.to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+    x = torch.minimum((u.double() * total.double()).floor().to(torch.int64), total - 1)
     idx = torch.searchsorted(cdf, x[:, None].contiguous(), right=True)
-    return idx.clamp(max=probs.shape[-1] - 1)[:, 0]
+    return idx.clamp(max=q.shape[-1] - 1)[:, 0]
 
 
 def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
@@ -62,23 +78,25 @@ def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
     probs = logprobs.exp()
     if not FAST_PATHS:  # RLK_REF_FAST=0: the sort-based rule (same distribution)
         return _sorted_top_p(probs, top_p, u)
+    q = _fixed(probs)
     if top_p >= 1.0:
-        return _draw(probs, None, u)
-    tok = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    rows = torch.arange(probs.shape[0], device=probs.device)
+        return _draw(q, None, u)
+    limit = int(top_p * FIXED_POINT)
+    tok = torch.empty(q.shape[0], dtype=torch.long, device=q.device)
+    rows = torch.arange(q.shape[0], device=q.device)
     pivot: Tensor | None = None
-    p, uu = probs, u
+    uu = u
     for k in range(MAX_ROUNDS):
-        t = _draw(p, pivot, _round_uniform(uu, k))
-        pt = p.gather(-1, t[:, None])
-        above = (p * (p > pt)).sum(-1)
-        ok = above < top_p
+        t = _draw(q, pivot, _round_uniform(uu, k))
+        qt = q.gather(-1, t[:, None])
+        above = (q * (q > qt)).sum(-1)  # exact: integer
+        ok = above < limit
         tok[rows[ok]] = t[ok]
         if bool(ok.all()):
             return tok
         keep = (~ok).nonzero()[:, 0]
-        rows, p, uu, pivot = rows[keep], p[keep], uu[keep], pt[keep, 0]
-    tok[rows] = p.argmax(-1)
+        rows, q, uu, pivot = rows[keep], q[keep], uu[keep], qt[keep, 0]
+    tok[rows] = q.argmax(-1)
     return tok
 
 
