@@ -507,7 +507,7 @@ class MatrixHooks:
         if ms.plan or self.is_worker or not ms.records:
             return
         tr = terminalreporter
-        from pytest_rlkernel_matrix.report.matrix_report import table
+        from pytest_rlkernel_matrix.report.matrix_report import row_name, table
 
         tr.section("rlk matrix")
         for line in table(list(ms.records.values())):
@@ -519,7 +519,7 @@ class MatrixHooks:
         bad = [r for r in ms.records.values() if r["verdict"] not in ("valid", "not_run")]
         for rec in sorted(bad, key=lambda r: (r["hardware"], r["module"], r["case"])):
             state = "FAILED" if rec.get("failed") else "recorded"
-            tr.write_line(f"{rec['hardware']} {rec['module']} {rec['case']}: {rec['verdict']} "
+            tr.write_line(f"{rec['hardware']} {row_name(rec)} {rec['case']}: {rec['verdict']} "
                           f"({state})")
             for reason in rec.get("reasons", [])[:6]:
                 tr.write_line(f"    {reason}")

@@ -36,6 +36,6 @@ if [[ $STAGES == *steps* ]]; then
   matrix steps docs/examples/h200-steps-matrix.toml -m rlk_baseline -k attention
 fi
 if [[ $STAGES == *factors* ]]; then
-  matrix factors examples/factors.toml
+  matrix factors examples/factors.toml ${FACTORS_ARGS:-}  # e.g. FACTORS_ARGS="-k rollout_batch"
 fi
 date -u

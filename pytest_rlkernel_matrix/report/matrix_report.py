@@ -158,7 +158,7 @@ def _bytes_note(r: Mapping[str, Any]) -> str:
     return f" (bytes {b})" if b is not None and b != r.get("mismatch_count", 0) else ""
 
 
-def _row_name(r: Mapping[str, Any]) -> str:
+def row_name(r: Mapping[str, Any]) -> str:
     """The module, or for a factor cell ``factor <name>=<variant>`` (as the HTML names it)."""
     f = r.get("factor")
     if isinstance(f, Mapping) and f.get("name"):
@@ -180,7 +180,7 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = [head]
     for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
         rows.append((
-            str(r["hardware"]), _row_name(r), str(r["case"]),
+            str(r["hardware"]), row_name(r), str(r["case"]),
             _route(r.get("actual_training_implementation")),
             _route(r.get("actual_rollout_implementation")),
             "yes" if r.get("fallbacks") else "no",
