@@ -512,7 +512,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "backward_kernels": ("torch R path (Triton has no backward)"
                              if grad_kernels is not kernels["training"] else "training side's own"),
         "optimizer": (f"AdamW(lr={args.lr}, betas={rl.ADAM_BETAS}, eps={rl.ADAM_EPS}, "
-                      "weight_decay=0, foreach=False)" if opt else
+                      "weight_decay=0; torch's foreach=False update, rl.AdamW)" if opt else
                       "none (lr = 0: weights kept)" if learning else "none"),
         "loss": f"GRPO policy gradient, groups of {rl.GROUP}, reward = even-token fraction",
         "deterministic_algorithms": device.type == "cuda"}

@@ -112,3 +112,25 @@ def test_trend_rule() -> None:
     assert trend([0, 1], [0.0, 1.0])["conclusion"] == "no conclusion"
     assert trend([0, 1, 2, 3, 4, 5], [1.0, 3.0, 0.5, 2.9, 1.1, 2.0])["conclusion"] == \
         "no conclusion"
+
+
+def test_adamw_is_torchs_update_bit_for_bit() -> None:
+    """rl.AdamW (no torch.optim: its first param group imports torch._dynamo) against
+    torch.optim.AdamW(foreach=False) over three steps: the same bits."""
+    import torch
+
+    from pytest_rlkernel_matrix.workload import rl
+
+    g = torch.Generator().manual_seed(0)
+    ours = [torch.randn(7, 5, generator=g), torch.randn(3, generator=g)]
+    theirs = [p.clone() for p in ours]
+    opt = rl.make_optimizer(ours, 1e-3)
+    ref = torch.optim.AdamW(theirs, lr=1e-3, betas=rl.ADAM_BETAS, eps=rl.ADAM_EPS,
+                            weight_decay=0.0, foreach=False, fused=False)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=g) for p in ours]
+        for p, q, gr in zip(ours, theirs, grads, strict=True):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        opt.step()
+        ref.step()
+        assert all(torch.equal(p, q) for p, q in zip(ours, theirs, strict=True))
