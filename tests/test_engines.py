@@ -521,3 +521,31 @@ def test_engines_perturb_drill_names_exactly_that_operator_on_the_rollout(
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["probe"]["perturb"] == {"side": "rollout", "module_path": op,
                                             "factor": 1 + 2 ** -7}
+
+
+@ENGINES_RUN
+def test_engines_rlk_probe_localises_attention_pr_in_layer0_training(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """`--rlk-probe` on the engines matrix: the drifting attention P/R cell gets a probe run
+    whose localisation names layer 0's attention on the training side (Megatron P), not
+    `incomparable`; the probe run is marked out of performance."""
+    from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
+
+    write_checkpoint(REPO / "examples" / ".rlk-engines" / "tiny-qwen3")  # engines.toml's
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess(
+        f"--rlk-matrix={REPO / 'examples' / 'engines.toml'}", f"--rlk-matrix-root={root}",
+        "-p", "no:cacheprovider", "--rlk-probe", "-k", "attention and P/R")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    report = json.loads((root / "matrix-report.json").read_text())
+    cell = next(c for c in report["cells"] if (c["module"], c["case"]) == ("attention", "P/R"))
+    loc = cell["localisation"]
+    assert cell["mismatch_count"] > 0 and loc["status"] == "localised", loc["reasons"]
+    first = loc["first_divergent"]
+    assert (first["layer"], first["module"], first["sides"]) == (0, "attention", ["training"])
+    assert "training P" in first["label"]
+    assert loc["operators"][0]["name"] == "model.embed_tokens" and loc["operators"][0]["bitwise"]
+    assert f"attention P/R: first divergent {first['operator']} (training P)" in out
+    run = json.loads((root / cell["artifact_dir"] / "probe" / "cell-run.json").read_text())
+    assert run["probe"] is True and run["excluded_from_performance"] is True
