@@ -391,6 +391,15 @@ def test_engine_factor_usage_error_exits_before_any_engine(tmp_path: Path) -> No
     assert done.returncode == 2, done.stderr
     assert "[rlk-engines] error: RLK_REF_SAMPLING='logits'" in done.stderr
     assert not any(tmp_path.iterdir())  # no manifest: no engine was started
+    env.pop("RLK_REF_SAMPLING")
+    env["RLK_REF_PERTURB"] = "rollout:model.layers.2.mlp.down_proj"  # the tiny model has 2
+    done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.engines",
+                           "--checkpoint", str(tmp_path / "absent")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "[rlk-engines] error: RLK_REF_PERTURB='rollout:model.layers.2.mlp.down_proj'" in (
+        done.stderr)
+    assert not any(tmp_path.iterdir())  # neither a checkpoint nor a manifest
 
 
 ENGINE_FACTORS = '''

@@ -8,7 +8,10 @@ route lines, one mismatch sidecar per step, RL-Kernel's weight audit (``weight-a
 from what Megatron holds, ``weight-audit/rollout/0.json`` from what vLLM loaded), and vime's
 ``rollout N:`` / ``step N:`` (per-sample means) / ``perf N:`` lines. One engine start per cell
 (vLLM in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), then
-``--steps`` steps of rollout + recompute on the started engines.
+``--steps`` steps of rollout + recompute on the started engines. When the env asks
+(``RL_KERNEL_PROBE=1``: the plugin's probe run), step 0 also writes ``probes/`` in the reference
+workload's format, from vLLM's decode steps and Megatron's recompute (``engines/probe.py``);
+``RLK_REF_PERTURB=<side>:<module path>`` perturbs one operator's output on one side.
 
 Logprob semantics: temperature 1.0, top-p 0.95 (sampling only); the rollout reports
 ``raw_logprobs`` (log-softmax of the unprocessed logits: the full-vocabulary distribution the
@@ -100,10 +103,23 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("RLK_REF_FAULT: the engines job has no fault drills (the built-in "
                              "workload has them)")
         factors = EngineFactors.from_env()
+        # RL_KERNEL_PROBE* and RLK_REF_PERTURB, read as the reference workload reads them
+        probe = ProbeRequest.from_env(env.artifact_dir, _num_layers(args))
     except UsageError as exc:
         print(f"[rlk-engines] error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return run_cell(args, env, t_start, factors)
+    return run_cell(args, env, t_start, factors, probe)
+
+
+def _num_layers(args: argparse.Namespace) -> int:
+    """The checkpoint's layer count (the tiny checkpoint's while it is not written yet)."""
+    cfg = (Path(args.checkpoint) if args.checkpoint else ckpt_mod.default_dir()) / "config.json"
+    try:
+        return int(json.loads(cfg.read_text())["num_hidden_layers"])
+    except FileNotFoundError:
+        return int(ckpt_mod.hf_config()["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{cfg}: unreadable num_hidden_layers ({exc})") from exc
 
 
 def _versions() -> dict[str, str | None]:
@@ -132,7 +148,7 @@ def patch_readback(rb: dict, side: str) -> dict:
 
 
 def run_cell(args: argparse.Namespace, env: Env, t_start: float,
-             factors: EngineFactors | None = None) -> int:
+             factors: EngineFactors | None = None, probe: ProbeRequest | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
@@ -145,11 +161,7 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float,
     from pytest_rlkernel_matrix.workload.model import load_checkpoint
 
     hf_cfg = json.loads((ck / "config.json").read_text())
-    try:  # RL_KERNEL_PROBE* and RLK_REF_PERTURB, read as the reference workload reads them
-        probe = ProbeRequest.from_env(env.artifact_dir, hf_cfg["num_hidden_layers"])
-    except UsageError as exc:
-        print(f"[rlk-engines] error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    probe = probe or ProbeRequest.from_env(env.artifact_dir, hf_cfg["num_hidden_layers"])
     for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):
         d.mkdir(parents=True, exist_ok=True)
     platform = "cuda" if torch.cuda.is_available() else "cpu"
