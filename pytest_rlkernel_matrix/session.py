@@ -475,6 +475,8 @@ class MatrixSession:
                 outcome.scheduler["previous_attempts"] = [first]
             record = self._finish(cell, mode, retry_dir, outcome.result, retry.recorded,
                                   blockers, outcome, cpu_share=retry.cpu_share)
+            if not outcome.result.interrupted:  # the attempt that decides gets the probe
+                record = self._maybe_probe(cell, retry_dir, retry, record)
         if outcome.result.interrupted:
             raise KeyboardInterrupt
         names = [c.name for c in self.cells if c.run_key == cell.run_key] + [cell.name]

@@ -67,6 +67,54 @@ def test_qkv_layout_is_grouped_per_query_group() -> None:
                zip(mapping.split_qkv(fused, shape), (q, k, v), strict=True))
 
 
+def test_probe_operator_names_map_onto_both_engines_modules() -> None:
+    """Every probe operator (HF Qwen3 path) has a vLLM and a Megatron-core module; the fused
+    QKV output un-interleaves to HF's q/k/v outputs exactly, and back."""
+    from pytest_rlkernel_matrix.workload.probe import operator_names
+
+    for op in operator_names(2):
+        for engine in ("vllm", "megatron"):
+            path, how = mapping.engine_module(op, engine)
+            assert how in ("out", "input") or how.split(":")[1] in "012", (op, how)
+            assert path.split(".")[0] in ("model", "decoder", "embedding", "logits_processor",
+                                          "output_layer"), path
+    assert mapping.engine_module("model.layers.1.self_attn.k_proj", "megatron") == (
+        "decoder.layers.1.self_attention.linear_qkv", "qkv:1")
+    assert mapping.engine_module("model.layers.0.mlp.act_fn", "megatron") == (
+        "decoder.layers.0.mlp.linear_fc2", "input")
+    assert mapping.engine_module("model.layers.0.mlp.up_proj", "vllm") == (
+        "model.layers.0.mlp.gate_up_proj", "half:1")
+    assert mapping.engine_module("lm_head", "vllm") == ("logits_processor", "out")
+    with pytest.raises(KeyError):
+        mapping.engine_module("model.layers.x.mlp.act_fn", "vllm")
+    shape = mapping.Shape(num_layers=1, num_heads=4, num_kv_heads=2, head_dim=3)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 5, generator=gen) for n in (12, 6, 6))
+    out = mapping.fuse_qkv(q, k, v, shape).t()[None]  # [1, h, fused]: rows of an activation
+    got = mapping.split_qkv_out(out, shape)
+    assert all(torch.equal(a, b.t()[None]) for a, b in zip(got, (q, k, v), strict=True))
+    assert torch.equal(mapping.fuse_qkv_out(*got, shape), out)
+
+
+def test_probe_request_rows_name_each_vllm_row_by_sample_and_position() -> None:
+    """A prefill of two prompts, then decode steps: each request is known by its first KV
+    block, tied to its sample at its prefill; the logit rows are each request's last row."""
+    from pytest_rlkernel_matrix.engines.probe import ProbeError, RequestRows
+
+    rows = RequestRows([[5, 6, 7], [8, 9]])
+    keys = rows.assign([8, 9, 5, 6, 7], [0, 1, 0, 1, 2], [0, 2, 5], [2, 3], [4, 0])
+    assert keys == [(1, 0), (1, 1), (0, 0), (0, 1), (0, 2)]
+    assert rows.logit_keys == [(1, 1), (0, 2)]
+    keys = rows.assign([11, 12], [3, 2], [0, 1, 2], [4, 3], [0, 4])  # decode, order swapped
+    assert keys == [(0, 3), (1, 2)] and rows.logit_keys == keys
+    with pytest.raises(ProbeError, match="not seen at its prefill"):
+        rows.assign([1], [4], [0, 1], [5], [9])
+    with pytest.raises(ProbeError, match="metadata says"):
+        rows.assign([1], [7], [0, 1], [5], [0])
+    with pytest.raises(ProbeError, match="match 0 prompts"):
+        rows.assign([1, 2], [0, 1], [0, 2], [2], [3])
+
+
 def test_audit_cast_refuses_lossy_values() -> None:
     ok = mapping.as_checkpoint_dtype({"w": torch.tensor([1.5, 2.0])}, torch.bfloat16)
     assert ok["w"].dtype == torch.bfloat16
@@ -343,6 +391,15 @@ def test_engine_factor_usage_error_exits_before_any_engine(tmp_path: Path) -> No
     assert done.returncode == 2, done.stderr
     assert "[rlk-engines] error: RLK_REF_SAMPLING='logits'" in done.stderr
     assert not any(tmp_path.iterdir())  # no manifest: no engine was started
+    env.pop("RLK_REF_SAMPLING")
+    env["RLK_REF_PERTURB"] = "rollout:model.layers.2.mlp.down_proj"  # the tiny model has 2
+    done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.engines",
+                           "--checkpoint", str(tmp_path / "absent")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "[rlk-engines] error: RLK_REF_PERTURB='rollout:model.layers.2.mlp.down_proj'" in (
+        done.stderr)
+    assert not any(tmp_path.iterdir())  # neither a checkpoint nor a manifest
 
 
 ENGINE_FACTORS = '''
@@ -390,3 +447,114 @@ def test_engines_factor_cells_through_vllm_settings(pytester: pytest.Pytester,
     assert manifest["engine_settings"]["logprobs_mode"] == "processed_logprobs"
     assert processed["verdict"] == "valid" and processed["mismatch_count"] > 0
     assert words[("sampling", "processed")].endswith("the factor, not a kernel")
+
+
+# -- probes (issue 21): the engines job writes them when the cell's env asks -------------------
+
+ENGINES_RUN = pytest.mark.skipif(
+    not (HAVE_VLLM and HAVE_MEGATRON and os.environ.get("RLK_ENGINES_MATRIX") == "1"),
+    reason="starts a vLLM engine (a minute or more on 2 cores): needs vllm + megatron-core and "
+    "RLK_ENGINES_MATRIX=1")
+PROBE_AT = "0:0,0:2,1:1,2:3"
+
+
+def _engines_probe_run(tmp: Path, checkpoint: Path, cases: dict[str, str],
+                       extra: dict[str, str] | None = None) -> Path:
+    import subprocess
+    import sys
+
+    art = tmp / "run"
+    art.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RL_KERNEL", "RLK_REF"))}
+    env.update({"RL_KERNEL_ARTIFACT_DIR": str(art), "RL_KERNEL_MODE": "audit",
+                "RL_KERNEL_RUN_ID": "probe", "RL_KERNEL_PROBE": "1",
+                "RL_KERNEL_PROBE_POSITIONS": PROBE_AT, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO)})
+    env.update({f"RL_KERNEL_{m.upper()}_CASE": c for m, c in cases.items()})
+    env.update(extra or {})
+    done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.engines",
+                           "--checkpoint", str(checkpoint)], env=env, capture_output=True,
+                          text=True, timeout=1500)
+    (tmp / "run.log").write_text(done.stdout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return art
+
+
+@ENGINES_RUN
+def test_engines_rr_probe_every_operator_bitwise_and_vocab_kl_zero(
+        checkpoint: Path, tmp_path: Path) -> None:
+    """R/R in real vLLM (decode-step taps) against Megatron-core's recompute: every operator
+    of both layers bitwise at every probed token, vocabulary KL exactly 0, and the probed
+    tokens' logprobs are the ones the run reported."""
+    from pytest_rlkernel_matrix.judge.probe import localise, read_probes
+
+    art = _engines_probe_run(tmp_path, checkpoint, dict.fromkeys(MODULES, "R/R"))
+    loc = localise(art / "probes", root=art)
+    assert loc["status"] == "no_divergence" and loc["reasons"] == [], loc["reasons"]
+    compared = [e for e in loc["operators"] if e["status"] == "compared"]
+    assert len(compared) == len(loc["operators"]) == 1 + 2 * 13 + 2
+    assert all(e["bitwise"] and e["max_abs"] == 0.0 for e in compared)
+    v = loc["vocab"]
+    assert v["tokens"] == 4 and v["kl_rollout_train_mean"] == v["kl_train_rollout_mean"] == 0.0
+    assert v["top1_agreement"] == 1.0 and loc["first_divergent"] is None
+    sides, _ = read_probes(art / "probes", art)
+    for t in loc["tokens"]:
+        assert t["probe_train_logprob"] == t["probe_rollout_logprob"]
+        meta = sides["rollout"]["tokens"][(t["sample"], t["position"])]
+        assert meta["rollout_logprob"] == t["probe_rollout_logprob"]  # the sampled token's
+    assert sides["rollout"]["meta"]["engine"] == "vllm"
+    assert sides["rollout"]["meta"]["tap"].startswith("decode step")
+    assert sides["training"]["meta"]["engine"] == "megatron-core"
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["probe"]["enabled"] is True and manifest["probe"]["taps"]["rollout"]
+
+
+@ENGINES_RUN
+def test_engines_perturb_drill_names_exactly_that_operator_on_the_rollout(
+        checkpoint: Path, tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.probe import localise
+
+    op = "model.layers.1.mlp.down_proj"
+    art = _engines_probe_run(tmp_path, checkpoint, dict.fromkeys(MODULES, "R/R"),
+                             {"RLK_REF_PERTURB": f"rollout:{op}"})
+    loc = localise(art / "probes", root=art)
+    first = loc["first_divergent"]
+    assert loc["status"] == "localised", loc["reasons"]
+    assert first["operator"] == op and first["sides"] == ["rollout"] and first["layer"] == 1
+    names = [e["name"] for e in loc["operators"]]
+    before = loc["operators"][:names.index(op)]
+    assert before and all(e["status"] == "compared" and e["bitwise"] for e in before)
+    assert loc["vocab"]["kl_rollout_train_mean"] > 0
+    assert f"[rlk-engines][perturb] side=rollout module={op} factor=1+2^-7" in (
+        tmp_path / "run.log").read_text()
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["probe"]["perturb"] == {"side": "rollout", "module_path": op,
+                                            "factor": 1 + 2 ** -7}
+
+
+@ENGINES_RUN
+def test_engines_rlk_probe_localises_attention_pr_in_layer0_training(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """`--rlk-probe` on the engines matrix: the drifting attention P/R cell gets a probe run
+    whose localisation names layer 0's attention on the training side (Megatron P), not
+    `incomparable`; the probe run is marked out of performance."""
+    from pytest_rlkernel_matrix.engines.checkpoint import write_checkpoint
+
+    write_checkpoint(REPO / "examples" / ".rlk-engines" / "tiny-qwen3")  # engines.toml's
+    root = tmp_path / "root"
+    result = pytester.runpytest_subprocess(
+        f"--rlk-matrix={REPO / 'examples' / 'engines.toml'}", f"--rlk-matrix-root={root}",
+        "-p", "no:cacheprovider", "--rlk-probe", "-k", "attention and P/R")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    report = json.loads((root / "matrix-report.json").read_text())
+    cell = next(c for c in report["cells"] if (c["module"], c["case"]) == ("attention", "P/R"))
+    loc = cell["localisation"]
+    assert cell["mismatch_count"] > 0 and loc["status"] == "localised", loc["reasons"]
+    first = loc["first_divergent"]
+    assert (first["layer"], first["module"], first["sides"]) == (0, "attention", ["training"])
+    assert "training P" in first["label"]
+    assert loc["operators"][0]["name"] == "model.embed_tokens" and loc["operators"][0]["bitwise"]
+    assert f"attention P/R: first divergent {first['operator']} (training P)" in out
+    run = json.loads((root / cell["artifact_dir"] / "probe" / "cell-run.json").read_text())
+    assert run["probe"] is True and run["excluded_from_performance"] is True

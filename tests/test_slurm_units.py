@@ -274,6 +274,38 @@ def test_requeue_runs_once_more_into_a_fresh_directory(tmp_path: Path) -> None:
     assert shared["artifact_dir"] == first["artifact_dir"] and shared["module"] == "ffn"
 
 
+def test_requeued_drifting_cell_still_gets_its_probe_run(tmp_path: Path) -> None:
+    """--rlk-probe after a requeue: the attempt that decides (``.attempt2``) gets the probe run
+    (the fake framework writes no probe files, so its localisation is `incomparable`, saying
+    so); the superseded first attempt gets none."""
+    from pytest_rlkernel_matrix.session import MatrixSession
+    from pytest_rlkernel_matrix.spec.cells import expand
+
+    fake = Path(__file__).with_name("fake_framework.py")
+    path = tmp_path / "matrix.toml"
+    path.write_text(f'[matrix]\nmodules = ["attention", "ffn"]\n[runner]\n'
+                    f'command = ["{sys.executable}", "{fake}"]\nr_provider = "external"\n'
+                    '[hardware.cpu]\nbackend = "cpu"\n')
+    m = load_matrix(path)
+    cell = next(c for c in expand(m.matrix, ["cpu"], "pairwise", "audit")
+                if c.case == "P/R" and c.module == "attention")
+    ms = MatrixSession(matrix=m, matrix_path=path, root=tmp_path / "root", hardware=["cpu"],
+                       mode="audit", layout="pairwise")
+    ms.set_selected([cell])
+    ms.probe = True
+    ms._launcher = _RequeueOnce()  # type: ignore[assignment]
+    rec = ms.run_cell(cell, mode="audit")
+    first = ms.root / "cpu" / "attention-pr"
+    second = first.with_name("attention-pr.attempt2")
+    assert rec["artifact_dir"] == "cpu/attention-pr.attempt2" and rec["mismatch_count"] > 0
+    assert (second / "probe" / "localisation.json").is_file()
+    meta = json.loads((second / "probe" / "cell-run.json").read_text())
+    assert meta["probe"] is True and meta["excluded_from_performance"] is True
+    assert rec["localisation"]["probe_run"] == "probe"
+    assert rec["localisation"]["status"] == "incomparable"  # no probe files: said, not skipped
+    assert not (first / "probe").exists() and not (first / "probe-note.json").exists()
+
+
 def test_local_slurm_config_gets_the_real_cpu_count_whatever_omp_says(tmp_path: Path) -> None:
     """`slurm-local.sh config` prints the slurm.conf `start` writes, without root or daemons.
     `nproc` honours OMP_NUM_THREADS (tests/conftest.py sets 1); the node must not shrink to it."""

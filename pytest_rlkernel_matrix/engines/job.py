@@ -8,7 +8,10 @@ route lines, one mismatch sidecar per step, RL-Kernel's weight audit (``weight-a
 from what Megatron holds, ``weight-audit/rollout/0.json`` from what vLLM loaded), and vime's
 ``rollout N:`` / ``step N:`` (per-sample means) / ``perf N:`` lines. One engine start per cell
 (vLLM in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), then
-``--steps`` steps of rollout + recompute on the started engines.
+``--steps`` steps of rollout + recompute on the started engines. When the env asks
+(``RL_KERNEL_PROBE=1``: the plugin's probe run), step 0 also writes ``probes/`` in the reference
+workload's format, from vLLM's decode steps and Megatron's recompute (``engines/probe.py``);
+``RLK_REF_PERTURB=<side>:<module path>`` perturbs one operator's output on one side.
 
 Logprob semantics: temperature 1.0, top-p 0.95 (sampling only); the rollout reports
 ``raw_logprobs`` (log-softmax of the unprocessed logits: the full-vocabulary distribution the
@@ -27,10 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.workload.artifacts import Rollout, emit_step, write_json
+from pytest_rlkernel_matrix.workload.artifacts import Rollout, emit_step, write_json, write_probes
 from pytest_rlkernel_matrix.workload.env import SIDES, Env, UsageError, resolve_route
 from pytest_rlkernel_matrix.workload.job import EXIT_USAGE
 from pytest_rlkernel_matrix.workload.kernels import MODULES, SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.parallel import Grid, Group
+from pytest_rlkernel_matrix.workload.probe import PERTURB_FACTOR, ProbeRequest
 from pytest_rlkernel_matrix.workload.upstream import (
     manifest_fields,
     route_lines,
@@ -39,10 +44,12 @@ from pytest_rlkernel_matrix.workload.upstream import (
 )
 
 from . import checkpoint as ckpt_mod
+from . import probe as probe_mod
 from .factors import EngineFactors
 
 TEMPERATURE, TOP_P = 1.0, 0.95
 FRAMEWORKS = {"training": "megatron", "rollout": "vllm"}
+ENGINE_NAMES = {"training": "megatron-core", "rollout": "vllm"}
 WEIGHT_VERSION = "0"  # forward only: the one exported version
 HOOKS = {  # implementation -> side -> module -> the extension point it runs through
     "rl_kernel": {
@@ -96,10 +103,23 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("RLK_REF_FAULT: the engines job has no fault drills (the built-in "
                              "workload has them)")
         factors = EngineFactors.from_env()
+        # RL_KERNEL_PROBE* and RLK_REF_PERTURB, read as the reference workload reads them
+        probe = ProbeRequest.from_env(env.artifact_dir, _num_layers(args))
     except UsageError as exc:
         print(f"[rlk-engines] error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return run_cell(args, env, t_start, factors)
+    return run_cell(args, env, t_start, factors, probe)
+
+
+def _num_layers(args: argparse.Namespace) -> int:
+    """The checkpoint's layer count (the tiny checkpoint's while it is not written yet)."""
+    cfg = (Path(args.checkpoint) if args.checkpoint else ckpt_mod.default_dir()) / "config.json"
+    try:
+        return int(json.loads(cfg.read_text())["num_hidden_layers"])
+    except FileNotFoundError:
+        return int(ckpt_mod.hf_config()["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{cfg}: unreadable num_hidden_layers ({exc})") from exc
 
 
 def _versions() -> dict[str, str | None]:
@@ -128,21 +148,22 @@ def patch_readback(rb: dict, side: str) -> dict:
 
 
 def run_cell(args: argparse.Namespace, env: Env, t_start: float,
-             factors: EngineFactors | None = None) -> int:
+             factors: EngineFactors | None = None, probe: ProbeRequest | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
     from .megatron_side import CPU_SHIMS, MegatronTrainer
     from .vllm_side import ARCH, IMPLS_ENV, LIVE, register
 
-    for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):
-        d.mkdir(parents=True, exist_ok=True)
     ck = Path(args.checkpoint) if args.checkpoint else ckpt_mod.default_dir()
     ckpt_mod.write_checkpoint(ck)
     from pytest_rlkernel_matrix.machine.preflight import fingerprint_model_dir
     from pytest_rlkernel_matrix.workload.model import load_checkpoint
 
     hf_cfg = json.loads((ck / "config.json").read_text())
+    probe = probe or ProbeRequest.from_env(env.artifact_dir, hf_cfg["num_hidden_layers"])
+    for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):
+        d.mkdir(parents=True, exist_ok=True)
     platform = "cuda" if torch.cuda.is_available() else "cpu"
     routes = {s: resolve_route(env, s, None, platform) for s in SIDES}
     factors = factors or EngineFactors.from_env()
@@ -164,11 +185,21 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float,
         "megatron_cpu_shims": list(CPU_SHIMS) if platform == "cpu" else [],
         "routes": {s: {"requested": routes[s].requested, "actual": routes[s].actual,
                        "claimed": routes[s].claimed} for s in SIDES},
+        "probe": {"enabled": probe.enabled, "budget": probe.budget,
+                  "positions": [list(p) for p in probe.positions],
+                  "directory": str(probe.directory) if probe.enabled else None,
+                  "taps": dict(probe_mod.TAPS) if probe.enabled else None,
+                  "perturb": None if probe.perturb is None else {
+                      "side": probe.perturb[0], "module_path": probe.perturb[1],
+                      "factor": PERTURB_FACTOR}},
         # the fields of RL-Kernel's run manifest that apply (the global batch: every prompt)
         **manifest_fields(env.cases, steps=args.steps, global_batch_size=args.num_prompts,
                           tp=1, cp=1, world=1),
     }
     write_json(env.artifact_dir / "manifest.json", manifest)
+    if probe.perturb:
+        print(f"[rlk-engines][perturb] side={probe.perturb[0]} module={probe.perturb[1]} "
+              "factor=1+2^-7")
     if env.mode == "off":
         print("[RL-Kernel] mode=off: native route")
     elif env.route_report:
@@ -199,6 +230,9 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float,
               hf_overrides={"architectures": [ARCH]}, **engine)
     print("\n".join(factors.lines()))
     model = LIVE[-1]
+    taps = {s: probe.tap(s, Group()) for s in SIDES}
+    if taps["rollout"] is not None:  # hooks on vLLM's P modules; our R kernels get the tap
+        probe_mod.install_vllm(model, taps["rollout"], [p.tolist() for p in prompts])
     for m in MODULES:  # count only the steps' calls, not the engine's warm-up/profiling runs
         model.kernels.module(m).call_count = 0
     t_vllm = time.perf_counter() - t0
@@ -211,6 +245,13 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float,
                                 hf_cfg["rms_norm_eps"])
     trainer = MegatronTrainer(hf_cfg, ck_w, routes["training"].actual, train_k,
                               args.max_model_len)
+    if taps["training"] is not None:  # hooks on Megatron's P modules
+        probe_mod.install_megatron(trainer, taps["training"])
+    wanted = [(i, j) for i, j in (probe.positions or [(i, 0) for i in range(min(
+        probe.budget, n))]) if i < n]
+    for tap in taps.values():
+        if tap is not None:
+            tap.wanted = {(i, int(plens[i]) + j - 1) for i, j in wanted}
     t_mg = time.perf_counter() - t1
     from .mapping import as_checkpoint_dtype
 
@@ -248,6 +289,12 @@ def run_cell(args: argparse.Namespace, env: Env, t_start: float,
         peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
         emit_step(env, step, ro, train_lp, None, max_new, t_roll=t_roll, t_train=t_train,
                   t_step=t_step, t_sync=0.0, peak=peak)
+        if step == 0 and probe.enabled:
+            write_probes(probe, kernels, ro, train_lp, wanted, Grid(), {
+                **manifest, "model": {"num_hidden_layers": hf_cfg["num_hidden_layers"],
+                                      "vocab_size": hf_cfg["vocab_size"]}},
+                         extra={s: {"engine": ENGINE_NAMES[s], "tap": probe_mod.TAPS[s]}
+                                for s in SIDES})
         sys.stdout.flush()
     write_readbacks(env, routes, kernels, platform, patch=patch_readback)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)

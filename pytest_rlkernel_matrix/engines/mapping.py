@@ -165,3 +165,82 @@ def as_checkpoint_dtype(weights: dict[str, Tensor], dtype: torch.dtype) -> dict[
             raise ValueError(f"weight {name}: {t.dtype} value not representable in {dtype}")
         out[name] = c
     return out
+
+
+# -- probe operators (issue 21): Hugging Face Qwen3 module paths <-> the engines' modules ------
+#
+# Each probe operator is named by its HF module path (``workload/probe.py``, ``LAYER_OPS``). On a
+# P path it is read from the engine's own module, at the path below (per layer, relative to
+# ``model.layers.{i}.`` in vLLM and ``decoder.layers.{i}.`` in Megatron-core), as:
+#   "out": the module's output (``[0]`` of an ``(output, bias)`` or ``(normed, residual)`` pair);
+#   "qkv:<n>": the fused QKV output, piece n (0 q, 1 k, 2 v): vLLM ``[q | k | v]``, Megatron
+#   interleaved per query group (:func:`split_qkv_out`); "half:<n>": ``[gate | up]``, piece n;
+#   "input": the first argument of the module (a forward pre-hook: Megatron's activation is a
+#   function inside ``MLP``, read as ``linear_fc2``'s input).
+
+VLLM_OPS = {
+    "input_layernorm": ("input_layernorm", "out"),
+    "self_attn.q_proj": ("self_attn.qkv_proj", "qkv:0"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "qkv:1"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "qkv:2"),
+    "self_attn.q_norm": ("self_attn.q_norm", "out"),
+    "self_attn.k_norm": ("self_attn.k_norm", "out"),
+    "self_attn.attn": ("self_attn.attn", "out"),
+    "self_attn.o_proj": ("self_attn.o_proj", "out"),
+    "post_attention_layernorm": ("post_attention_layernorm", "out"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", "half:0"),
+    "mlp.up_proj": ("mlp.gate_up_proj", "half:1"),
+    "mlp.act_fn": ("mlp.act_fn", "out"),
+    "mlp.down_proj": ("mlp.down_proj", "out"),
+}
+MEGATRON_OPS = {
+    "input_layernorm": ("input_layernorm", "out"),
+    "self_attn.q_proj": ("self_attention.linear_qkv", "qkv:0"),
+    "self_attn.k_proj": ("self_attention.linear_qkv", "qkv:1"),
+    "self_attn.v_proj": ("self_attention.linear_qkv", "qkv:2"),
+    "self_attn.q_norm": ("self_attention.q_layernorm", "out"),
+    "self_attn.k_norm": ("self_attention.k_layernorm", "out"),
+    "self_attn.attn": ("self_attention.core_attention", "out"),
+    "self_attn.o_proj": ("self_attention.linear_proj", "out"),
+    "post_attention_layernorm": ("pre_mlp_layernorm", "out"),
+    "mlp.gate_proj": ("mlp.linear_fc1", "half:0"),
+    "mlp.up_proj": ("mlp.linear_fc1", "half:1"),
+    "mlp.act_fn": ("mlp.linear_fc2", "input"),
+    "mlp.down_proj": ("mlp.linear_fc2", "out"),
+}
+# outside the layers: HF name -> (vLLM module, Megatron module); lm_head in vLLM is read from
+# ``logits_processor`` (``ParallelLMHead.forward`` is never called)
+VLLM_TOP = {"model.embed_tokens": "model.embed_tokens", "model.norm": "model.norm",
+            "lm_head": "logits_processor"}
+MEGATRON_TOP = {"model.embed_tokens": "embedding.word_embeddings",
+                "model.norm": "decoder.final_layernorm", "lm_head": "output_layer"}
+
+
+def engine_module(op: str, engine: str) -> tuple[str, str]:
+    """HF probe operator name -> (the engine's module path, how to read it): ``engine`` is
+    ``vllm`` or ``megatron``. KeyError for a name that is not a probe operator."""
+    top = VLLM_TOP if engine == "vllm" else MEGATRON_TOP
+    if op in top:
+        return top[op], "out"
+    parts = op.split(".", 3)
+    if len(parts) != 4 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+        raise KeyError(op)
+    path, how = (VLLM_OPS if engine == "vllm" else MEGATRON_OPS)[parts[3]]
+    prefix = "model.layers." if engine == "vllm" else "decoder.layers."
+    return f"{prefix}{parts[2]}.{path}", how
+
+
+def split_qkv_out(a: Tensor, s: Shape) -> tuple[Tensor, Tensor, Tensor]:
+    """Megatron ``linear_qkv``'s output (last dim grouped per query group, as
+    :func:`fuse_qkv` lays the weight out) -> HF ``q_proj``, ``k_proj``, ``v_proj`` outputs."""
+    d, ng = s.head_dim, s.num_kv_heads
+    g = s.num_heads // ng
+    lead = a.shape[:-1]
+    q, k, v = a.reshape(*lead, ng, (g + 2) * d).split([g * d, d, d], dim=-1)
+    return q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)
+
+
+def fuse_qkv_out(q: Tensor, k: Tensor, v: Tensor, s: Shape) -> Tensor:
+    """Inverse of :func:`split_qkv_out`."""
+    lead, ng = q.shape[:-1], s.num_kv_heads
+    return torch.cat([t.reshape(*lead, ng, -1) for t in (q, k, v)], dim=-1).reshape(*lead, -1)

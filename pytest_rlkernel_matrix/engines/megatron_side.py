@@ -29,6 +29,7 @@ from pytest_rlkernel_matrix.workload.kernels import SideKernels
 from pytest_rlkernel_matrix.workload.weights import AttnInputs, LayerWeights
 
 from .mapping import ATTN_LEAVES, FFN_LEAVES, Shape, hf_to_megatron, megatron_to_hf
+from .probe import training_rows
 
 CPU_SHIMS = ("RotaryEmbedding.get_emb: keep inv_freq on CPU",
              "parallel_state global memory buffer: CPU allocation",
@@ -269,6 +270,9 @@ class MegatronTrainer:
             pos = torch.arange(t)[None].expand(len(mb), t)
             mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)[None, None]
             targets = torch.cat([ids[:, 1:], ids[:, :1] * 0], dim=1)
+            tap = self.kernels.tap
+            if tap is not None and tap.recording:  # probe: rows batch-first, like the kernels'
+                tap.rows(training_rows(tokens, mb, t))
             if self.head is None:  # Megatron's output layer + cross-entropy: loss = -logp
                 lp = -self.model(ids, pos, mask, labels=targets).float()
             else:

@@ -71,6 +71,7 @@ def _model_class() -> type:
             self._kv: dict[int, tuple[Tensor, Tensor]] = {}
             self._lw: dict[int, LayerWeights] = {}
             self._w: dict[str, Tensor] = {}
+            self.probe_rows: Any = None  # engines.probe.RequestRows while probing
             for layer in self.model.layers:
                 if self.impls["attention"] != "rl_kernel":
                     layer.self_attn.register_forward_pre_hook(self._counter("attention"))
@@ -135,6 +136,10 @@ def _model_class() -> type:
         def forward(self, input_ids: Tensor | None, positions: Tensor,
                     intermediate_tensors: Any = None, inputs_embeds: Tensor | None = None,
                     **kwargs: Any) -> Any:
+            tap = self.kernels.tap
+            if self.probe_rows is not None and tap is not None and tap.recording:
+                self.probe_rows.step(tap, input_ids, positions,
+                                     get_forward_context().attn_metadata)
             if self.all_production:
                 return super().forward(input_ids, positions, intermediate_tensors,
                                        inputs_embeds, **kwargs)
@@ -154,6 +159,13 @@ def _model_class() -> type:
             return x if self.impls["logp"] == "rl_kernel" else self.model.norm(x)
 
         def compute_logits(self, hidden_states: Tensor) -> Tensor | None:
+            tap = self.kernels.tap
+            if self.probe_rows is not None and tap is not None and tap.recording:
+                keys = self.probe_rows.logit_keys  # each request's last row of the step
+                if len(keys) != int(hidden_states.shape[0]):
+                    raise RuntimeError(f"probe: {hidden_states.shape[0]} logit rows, the step "
+                                       f"has {len(keys)} requests")
+                tap.rows(keys)
             if self.impls["logp"] == "rl_kernel":
                 return self.kernels.logp.full(hidden_states, self._w["model.norm.weight"],
                                               self._w["lm_head.weight"], 1.0)
@@ -185,6 +197,8 @@ def _model_class() -> type:
             slots = m.slot_mapping[:n].long()
             store_k, store_v = self._store(i, int(slots.max()) + 1, hkv, d, x.dtype)
             out = torch.zeros_like(x)
+            tap = self.kernels.tap
+            rows = self.probe_rows if tap is not None and tap.recording else None
             for r, total in enumerate(seq):
                 s0, s1 = qsl[r], qsl[r + 1]
                 if s1 <= s0:
@@ -197,11 +211,15 @@ def _model_class() -> type:
                     old = m.block_table[r, p // bs].long() * bs + p % bs
                     cache.k[0, :start], cache.v[0, :start] = store_k[old], store_v[old]
                 pos = positions[s0:s1].long()
+                if rows is not None:  # this request's rows only
+                    tap.rows(rows.keys[s0:s1])
                 o = self.kernels.attention(
                     x[s0:s1][None], lw, AttnInputs(pos[None], self.cos[pos][None],
                                                    self.sin[pos][None], cache))
                 store_k[slots[s0:s1]], store_v[slots[s0:s1]] = cache.k[0, pos], cache.v[0, pos]
                 out[s0:s1] = o[0]
+            if rows is not None:
+                tap.rows(rows.keys)
             return out
 
     RlkQwen3.__name__ = RlkQwen3.__qualname__ = ARCH

@@ -40,8 +40,10 @@ class Rollout:
 
 def write_probes(probe: ProbeRequest, kernels: dict[str, SideKernels], ro: Rollout,
                  train_lp: list[Tensor], wanted: list[tuple[int, int]], grid: Grid,
-                 manifest: dict) -> None:
-    """Step 0's probe files: ``<side>.rank{r:05d}.pt`` per rank and side, ``index.json``."""
+                 manifest: dict, extra: dict[str, dict] | None = None) -> None:
+    """Step 0's probe files: ``<side>.rank{r:05d}.pt`` per rank and side, ``index.json``.
+
+    ``extra``: more metadata for one side's file (the engines job: which engine, how it taps)."""
     assert probe.directory is not None
     tokens = []
     for i, j in wanted:
@@ -65,7 +67,8 @@ def write_probes(probe: ProbeRequest, kernels: dict[str, SideKernels], ro: Rollo
                   {**meta, "rank": grid.rank, "tp_rank": grid.tp_rank, "cp_rank": grid.cp_rank,
                    "framework": kernels[s].framework,
                    "implementations": {m: kernels[s].module(m).implementation
-                                       for m in ("attention", "ffn", "logp")}},
+                                       for m in ("attention", "ffn", "logp")},
+                   **(extra or {}).get(s, {})},
                   tokens, ops)
         tap.recording = False  # later steps are not probed
     if grid.rank == 0:
