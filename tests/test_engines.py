@@ -558,3 +558,12 @@ def test_engines_rlk_probe_localises_attention_pr_in_layer0_training(
     assert f"attention P/R: first divergent {first['operator']} (training P)" in out
     run = json.loads((root / cell["artifact_dir"] / "probe" / "cell-run.json").read_text())
     assert run["probe"] is True and run["excluded_from_performance"] is True
+
+
+def test_engines_operator_module_is_the_judges() -> None:
+    from pytest_rlkernel_matrix.engines.probe import operator_module
+    from pytest_rlkernel_matrix.judge.probe import operator_module as judged
+    from pytest_rlkernel_matrix.workload.probe import operator_names
+
+    for op in [*operator_names(3), "log_softmax"]:
+        assert operator_module(op) == judged(op), op

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pytest_rlkernel_matrix.judge.probe import operator_module
 from pytest_rlkernel_matrix.workload.kernels import SideKernels
 from pytest_rlkernel_matrix.workload.probe import Tap, operator_names
 
@@ -120,6 +119,16 @@ def _batch_first(t: Tensor) -> Tensor:
 
 def _same(t: Tensor) -> Tensor:
     return t
+
+
+def operator_module(op: str) -> str | None:
+    """The matrix module an operator belongs to (attention, ffn, logp), None for the embedding
+    (the judge's `judge.probe.operator_module`; engines may not import the judge)."""
+    if op.endswith(".input_layernorm") or ".self_attn." in op:
+        return "attention"
+    if op.endswith(".post_attention_layernorm") or ".mlp." in op:
+        return "ffn"
+    return "logp" if op in ("model.norm", "lm_head", "log_softmax") else None
 
 
 def _hooks(root: nn.Module, tap: Tap, impls: dict[str, str], num_layers: int, engine: str,
