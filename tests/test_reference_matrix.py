@@ -41,6 +41,7 @@ def _cell(report: dict, module: str, case: str) -> dict:
     return cell
 
 
+@pytest.mark.slow  # the default matrix: CI's main job runs it too; `-m slow --run-slow` asserts
 def test_default_pairwise_matrix(pytester: pytest.Pytester, tmp_path: Path) -> None:
     # One step per cell: the assertions are about evidence and drift; the README's main job
     # (run by .ci/run) runs the same matrix with its repeats.

@@ -94,6 +94,7 @@ def test_plan_prints_each_cells_batch_script(tmp_path: Path) -> None:
     assert not (tmp_path / "root").exists()
 
 
+@pytest.mark.slow  # a whole pairwise matrix twice (~95 s); the other Slurm tests stay quick
 def test_pairwise_tiny_matrix_same_verdicts_as_local(tmp_path: Path, slurm_cluster: None) -> None:
     # One module's 2x2 keeps this test short; examples/slurm.toml runs all three (docs/ci.md).
     one = '["attention"]'
