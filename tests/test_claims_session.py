@@ -86,6 +86,15 @@ def test_runs_twice_and_the_three_claims_hold(pytester: pytest.Pytester,
     html = (root / "matrix-report.html").read_text()
     assert html.count('<svg class="steps"') == 2 and "reproducibility claims" in html
     assert "every step bitwise</p>" in html and "first non-bitwise step 0</title>" in html
+    # rebuilt without its report (`rlk-matrix report`): the second runs are still no cells
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    (root / "matrix-report.json").rename(tmp_path / "old.json")
+    again = json.loads(reanalyze(root, jobs=1, use_cache=False, progress=False).read_text())
+    assert sorted(c["artifact_dir"] for c in again["cells"]) == sorted(
+        c["artifact_dir"] for c in report["cells"])
+    assert sum(n.endswith("a run-to-run repeat, not read as a cell")
+               for n in again["reanalysis_notes"]) == 2
 
 
 @pytest.mark.parametrize("side", ["training", "rollout"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -65,6 +66,32 @@ def _cell_from_dir(run_dir: Path) -> Cell:
     cases = {m: (case if m == module else "R/R") for m in MODULES}
     return Cell(run_dir.parent.name, module, case,
                 Cases(cases["attention"], cases["ffn"], cases["logp"]))
+
+
+_SECOND_RUN = re.compile(r"^(?P<base>.+)\.(?P<kind>repeat|attempt)(?P<n>\d+)$")
+
+
+def _cell_dirs(root: Path, notes: list[str]) -> list[Path]:
+    """The run directories that are cells, for a root without a report: a run-to-run repeat
+    (`<cell>.repeatN`) is the claims' evidence, not a cell; of a retried cell's attempts
+    (`<cell>.attemptN`) the last one decides, as in the session."""
+    by_base: dict[Path, list[tuple[int, Path]]] = {}
+    for meta_path in sorted(root.glob(f"*/*/{CELL_RUN_FILE}")):
+        d = meta_path.parent
+        m = _SECOND_RUN.match(d.name)
+        if m and m["kind"] == "repeat":
+            notes.append(f"{d.relative_to(root)}: a run-to-run repeat, not read as a cell")
+            continue
+        base = d.with_name(m["base"]) if m else d
+        by_base.setdefault(base, []).append((int(m["n"]) if m else 1, d))
+    out = []
+    for attempts in by_base.values():
+        attempts.sort()
+        out.append(attempts[-1][1])
+        for _, d in attempts[:-1]:
+            notes.append(f"{d.relative_to(root)}: an earlier attempt of "
+                         f"{attempts[-1][1].relative_to(root)}, not read as a cell")
+    return sorted(out)
 
 
 @dataclass
@@ -204,9 +231,9 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             plan.append((task(rel, cell.hardware, cell, str(cell_data.get("mode"))), cell,
                          cell_data))
     else:
-        for meta_path in sorted(root.glob(f"*/*/{CELL_RUN_FILE}")):
-            rel = str(meta_path.parent.relative_to(root))
-            plan.append((task(rel, meta_path.parent.parent.name, _cell_from_dir(meta_path.parent),
+        for run_dir in _cell_dirs(root, notes):
+            rel = str(run_dir.relative_to(root))
+            plan.append((task(rel, run_dir.parent.name, _cell_from_dir(run_dir),
                               str(matrix.get("mode", "?"))), None, {}))
     keys: dict[str, cache.Key] = {}
     todo: list[_Task] = []
