@@ -10,9 +10,10 @@ native torch expression (its *reference*, below) under autograd and hands back
 The matmul needs no recompute: its backward is the two products ``grad @ W`` and
 ``grad^T @ x`` in the operands' dtype (what autograd of ``F.linear`` does). Attention is
 recomputed as the plain fp32 math expression (``q k^T``, causal mask from the positions,
-softmax, ``@ v``: the math SDPA backend's composition), never a fused SDPA backend: cuDNN's may
-pick a nondeterministic algorithm (torch's ``scaled_dot_product_attention`` note) and the
-flash / memory-efficient backwards accumulate with atomics unless torch forces otherwise.
+softmax, ``@ v``: the math SDPA backend's composition), never a fused SDPA backend: torch's
+``scaled_dot_product_attention`` note says cuDNN's may pick a nondeterministic algorithm, and
+FlashAttention-2-style backwards add up dQ over key blocks with atomics; what torch 2.x does
+about that per backend under deterministic mode is not something this module relies on.
 GQA's key/value sharing is a broadcast, whose gradient is a plain sum (no ``repeat_interleave``,
 whose CUDA backward is an index-add).
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -41,22 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .env import UsageError
-
-BACKWARD_ENV = "RLK_REF_R_BACKWARD"
-BACKWARD_METHODS = {
+BACKWARD_METHODS = {  # the manifest's learning.backward_kernels, per env.backward_mode()
     "recompute": "Triton forward; per-op native torch recompute backward (workload/autograd.py)",
     "tiled": "torch R path (tiled fp32 forward and its autograd backward; the reported logprobs "
              "from a separate no-grad Triton forward)",
 }
-
-
-def backward_mode() -> str:
-    """``RLK_REF_R_BACKWARD``: ``recompute`` (default) or ``tiled``."""
-    raw = os.environ.get(BACKWARD_ENV, "").strip() or "recompute"
-    if raw not in BACKWARD_METHODS:
-        raise UsageError(f"{BACKWARD_ENV}={raw!r}: expected one of {sorted(BACKWARD_METHODS)}")
-    return raw
 
 
 # ---------------------------------------------------------------------------------------------

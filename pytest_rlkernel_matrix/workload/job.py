@@ -36,13 +36,14 @@ from pytest_rlkernel_matrix.workload.env import (
     Env,
     FaultDrill,
     UsageError,
+    backward_mode,
     intra_op_threads,
     resolve_route,
 )
 
 from . import rl
 from .artifacts import Rollout, emit_step, write_json, write_probes, write_sidecar
-from .autograd import BACKWARD_METHODS, backward_mode
+from .autograd import BACKWARD_METHODS
 from .factors import Factors, processed_selected
 from .graphs import DecodeRunner
 from .kernels import (
