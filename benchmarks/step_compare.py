@@ -12,7 +12,9 @@ mismatch count over the active tokens, and the rollout's readback ``execution_mo
 Configurations: ``R`` (all modules R/R), ``P`` (all P/P), ``P-eager`` (all P/P with the decode
 graphs off: the pre-graph P rollout), ``R-eager`` (R/R, graphs off), ``P-unfused`` and
 ``R-sort`` (``RLK_REF_FAST=0``: the sort-based top-p sampler and P's earlier unfused CUDA
-paths). Raw logs stay under --out.
+paths), ``R-tiledbwd`` (``RLK_REF_R_BACKWARD=tiled``: R's loss forward and backward on the tiled
+torch R path, the earlier method; ``R`` runs the loss on the Triton forward with the per-op
+recompute backward of ``workload/autograd.py``). Raw logs stay under --out.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ CONFIGS = {
     "R-eager": ("R/R", {"RLK_REF_DECODE_GRAPHS": "0"}),
     "P-unfused": ("P/P", {"RLK_REF_FAST": "0"}),  # sort-based sampler, unfused P CUDA paths
     "R-sort": ("R/R", {"RLK_REF_FAST": "0"}),  # the sort-based sampler under R
+    # the earlier R backward: loss forward + backward on the tiled torch R path
+    "R-tiledbwd": ("R/R", {"RLK_REF_R_BACKWARD": "tiled"}),
 }
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,6 +82,7 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
              for r in rb}
     triton = {r["target"]: sorted({op["provenance"]["execution"]["triton_used"]
                                    for op in r["operators"].values()}) for r in rb}
+    learning = json.loads((art / "manifest.json").read_text()).get("learning", {})
 
     def med(key: str) -> float:
         return statistics.median(s[key] for s in measured)
@@ -102,6 +107,7 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
         "active_tokens": total("train/train_current_rollout_logprob_numel"),
         "max_abs_diff": mm.get("train/train_current_rollout_logprob_max_abs_diff"),
         "execution_mode": modes, "triton_used": triton,
+        "backward_method": learning.get("backward_method"),
     }
 
 
@@ -136,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['rollout_s']:.3f} | {r['train_s']:.3f} | {r['rollout_tokens_per_s']:.0f} | "
               f"{r['mismatch_count']} / {r['active_tokens']} | "
               f"{r['execution_mode'].get('rollout')} |")
-    if "R" in by and "P" in by:
-        for key in ("step_s", "rollout_s", "train_s"):
-            print(f"R/P {key}: {by['R'][key] / by['P'][key]:.2f}x")
+    for r_name in ("R", "R-tiledbwd"):
+        if r_name in by and "P" in by:
+            for key in ("step_s", "rollout_s", "train_s"):
+                print(f"{r_name}/P {key}: {by[r_name][key] / by['P'][key]:.2f}x")
+    if "R" in by and "R-tiledbwd" in by:
+        print(f"R-tiledbwd / R train_s: {by['R-tiledbwd']['train_s'] / by['R']['train_s']:.2f}x "
+              f"(backward_method {by['R-tiledbwd']['backward_method']} vs "
+              f"{by['R']['backward_method']})")
     if "P" in by and "P-eager" in by:
         print(f"P graphs / P eager rollout tokens/s: "
               f"{by['P']['rollout_tokens_per_s'] / by['P-eager']['rollout_tokens_per_s']:.2f}x")

@@ -36,12 +36,14 @@ from pytest_rlkernel_matrix.workload.env import (
     Env,
     FaultDrill,
     UsageError,
+    backward_mode,
     intra_op_threads,
     resolve_route,
 )
 
 from . import rl
 from .artifacts import Rollout, emit_step, write_json, write_probes, write_sidecar
+from .autograd import BACKWARD_METHODS
 from .factors import Factors, processed_selected
 from .graphs import DecodeRunner
 from .kernels import (
@@ -199,8 +201,9 @@ def run_training(model: Qwen3, k: SideKernels, ro: Rollout, micro_batch: int, te
 def _mb_learn(model: Qwen3, k: SideKernels, ro: Rollout, mb: list[int], temperature: float,
               grid: Grid, learn: rl.Learn) -> Tensor:
     """One micro-batch's forward with autograd, its loss and backward; the logprobs returned
-    are the training side's own forward (a separate no-grad forward when the loss runs on
-    other kernels)."""
+    are the training side's own forward (on the Triton R path: the Triton forward itself, its
+    backward ``autograd.py``'s recompute; a separate no-grad forward when the loss runs on
+    other kernels, ``RLK_REF_R_BACKWARD=tiled``)."""
     gk = learn.grad_kernels or k
     if gk is not k:
         with torch.no_grad():
@@ -320,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         env = Env.from_environ()
         drill = FaultDrill.from_env()
         Factors.from_env()  # a bad factor value is a usage error before anything starts
+        backward_mode()  # so is a bad RLK_REF_R_BACKWARD
         if "comm" in env.modules and args.tp < 2:
             raise UsageError(f"RL_KERNEL_COMM_CASE={env.cases['comm']} needs tensor parallelism "
                              f"(tp >= 2; got tp={args.tp}): with one TP rank there is no "
@@ -503,14 +507,16 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
             p.requires_grad_(True)
         opt = rl.make_optimizer(params, args.lr) if args.lr > 0 else None
     grad_kernels = kernels["training"]
-    if learning and any(kernels["training"].module(m).uses_triton for m in MODULES):
+    triton_train = any(kernels["training"].module(m).uses_triton for m in MODULES)
+    bwd = backward_mode() if triton_train else "own"
+    if learning and bwd == "tiled":  # the earlier method, kept for comparisons
         grad_kernels = SideKernels.build("training", impls["training"], dtype, tiling,
                                          cfg.rms_norm_eps, "torch", tp=grid.tp_group)
     manifest["learning"] = {
         "backward": ("torch autograd through the training forward" if learning else
                      "not run: the reference workload has no distributed backward (world > 1)"),
-        "backward_kernels": ("torch R path (Triton has no backward)"
-                             if grad_kernels is not kernels["training"] else "training side's own"),
+        "backward_kernels": BACKWARD_METHODS.get(bwd, "training side's own"),
+        "backward_method": bwd if learning else None,
         "optimizer": (f"AdamW(lr={args.lr}, betas={rl.ADAM_BETAS}, eps={rl.ADAM_EPS}, "
                       "weight_decay=0; torch's foreach=False update, rl.AdamW)" if opt else
                       "none (lr = 0: weights kept)" if learning else "none"),

@@ -48,7 +48,8 @@ from .weights import AttnInputs, LayerWeights
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
-    from types import ModuleType
+
+    from .autograd import Ops
 
 MODULES = ("attention", "ffn", "logp")
 # `comm` (the row-parallel activation all-reduce) is an optional fourth module: the seed's matrix
@@ -72,11 +73,11 @@ def runtime_platform(device: torch.device) -> str:
     return "rocm" if torch.version.hip else "cuda"
 
 
-def _tk() -> ModuleType:
-    """``triton_kernels``, imported on first GPU use (a CPU run never imports Triton)."""
-    from . import triton_kernels
+def _tk() -> Ops:
+    """``triton_kernels`` with a backward (``autograd.Ops``), imported on first GPU use."""
+    from .autograd import triton_ops
 
-    return triton_kernels
+    return triton_ops()
 
 
 def r_backend(device: torch.device) -> str:

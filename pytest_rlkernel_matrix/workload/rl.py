@@ -12,9 +12,11 @@ Backward: torch autograd through the training side's own forward. On the CPU R p
 has a fixed shape (fixed row tiles, fixed attention chunks, fp32), the CPU autograd engine runs
 the graph on one thread in a fixed order, so every gradient (including a weight's sum over row
 tiles and micro-batches) is reduced in the same order on every run: the backward is
-deterministic. A Triton forward has no backward; there the loss forward and its backward run on
-the torch R path (``backward_method`` says which, in the manifest and the readbacks). On CUDA
-the backward and the optimizer step run under ``torch.use_deterministic_algorithms`` (with
+deterministic. The Triton R kernels have no backward of their own: the loss runs on the Triton
+forward itself and each kernel's backward recomputes that op with native torch ops
+(``autograd.py``); ``RLK_REF_R_BACKWARD=tiled`` runs the loss forward and backward on the torch
+R path instead (the manifest's ``learning.backward_method`` / ``backward_kernels`` say which).
+On CUDA the backward and the optimizer step run under ``torch.use_deterministic_algorithms`` (with
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8``): without it one H200 run of 20 steps kept train/rollout
 and weights bitwise within the run but two runs differed from step 1 on (docs/examples).
 """
@@ -63,7 +65,7 @@ def deterministic(device: torch.device) -> Iterator[None]:
 class Learn:
     """What the training forward needs to also run the backward: per-sample advantages, the
     step's active-token count and the kernels the loss forward runs with (the training side's
-    own, or the torch R path where the forward ran Triton, which has no backward)."""
+    own; the torch R path where the forward runs Triton and ``RLK_REF_R_BACKWARD=tiled``)."""
 
     advantages: list[float]
     n_active: int

@@ -426,13 +426,15 @@ def logsumexp(z: Tensor) -> Tensor:
 
 def logits_chunks(hn: Tensor, lm_head: Tensor, temperature: float,
                   tap: Callable[[int, Tensor], Tensor] | None = None,
-                  ) -> Iterator[tuple[int, Tensor]]:
+                  mm: Callable[..., Tensor] | None = None) -> Iterator[tuple[int, Tensor]]:
     """Yield ``(row_start, z)``: temperature-scaled fp32 logits per chunk of rows.
 
     ``tap(row_start, logits)`` (a probe's ``lm_head``) sees each chunk's logits before the
-    temperature and returns the ones to go on with."""
+    temperature and returns the ones to go on with. ``mm``: the matmul to use (default
+    ``matmul``; ``autograd.Ops`` passes its differentiable one)."""
+    mm = mm or matmul
     for s in range(0, hn.shape[0], _ROW_CHUNK):
-        z = matmul(hn[s:s + _ROW_CHUNK], lm_head, torch.float32)
+        z = mm(hn[s:s + _ROW_CHUNK], lm_head, torch.float32)
         if tap is not None:
             z = tap(s, z)
         if temperature != 1.0:

@@ -23,9 +23,11 @@ FAST = ["--num-prompts", "4", "--max-new-tokens", "40", "--micro-batch-size", "3
 
 def run_cell(tmp: Path, cases: str = "R/R R/R R/R", mode: str = "strict",
              fault: str | None = None, args: list[str] | None = None,
-             artifact: bool = True) -> tuple[subprocess.CompletedProcess[str], Path]:
+             artifact: bool = True, extra_env: dict[str, str] | None = None,
+             ) -> tuple[subprocess.CompletedProcess[str], Path]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RL_KERNEL_", "RLK_REF_"))}
+    env.update(extra_env or {})
     att, ffn, logp = cases.split()
     env.update(RL_KERNEL_MODE=mode, RL_KERNEL_ATTENTION_CASE=att, RL_KERNEL_FFN_CASE=ffn,
                RL_KERNEL_LOGP_CASE=logp, RL_KERNEL_RUN_ID=tmp.name, PYTHONPATH=str(ROOT))
