@@ -56,8 +56,10 @@ FIXED_POINT = 2.0 ** 40  # probability units of the integer sums (vocab x 2^40 <
 
 
 def _fixed(probs: Tensor) -> Tensor:
-    """Probabilities in fixed point, int64 (elementwise: a row's values are its own)."""
-    return (probs.double() * FIXED_POINT).floor().to(torch.int64)
+    """Probabilities in fixed point, int64 (elementwise: a row's values are its own). Scaling
+    by a power of two is exact in any float dtype and the cast truncates, which is the floor of
+    a value >= 0: the same integers as ``floor(p * 2^40)`` in float64, one pass fewer."""
+    return (probs * FIXED_POINT).to(torch.int64)
 
 
 def _draw(q: Tensor, pivot: Tensor | None, u: Tensor) -> Tensor:

@@ -145,7 +145,8 @@ def _grads(fn: Callable, args: tuple, kw: dict) -> tuple[list[Tensor], list[Tens
     out = fn(*ins, **kw)
     outs = list(out) if isinstance(out, tuple) else [out]
     gen = torch.Generator().manual_seed(99)
-    loss = sum((o.float() * torch.randn(o.shape, generator=gen)).sum() for o in outs[:3])
+    loss = sum((o.float() * torch.randn(o.shape, generator=gen).to(o.device)).sum()
+               for o in outs[:3])
     leaves = [a for a in ins if isinstance(a, Tensor) and a.requires_grad]
     got = torch.autograd.grad(loss, leaves, allow_unused=True)
     return [o.detach() for o in outs], list(got)

@@ -33,6 +33,13 @@ def test_a_rows_token_does_not_depend_on_its_batch() -> None:
     assert torch.equal(whole, sampling.sample_top_p(lp, 0.95, u))  # deterministic
 
 
+def test_fixed_point_is_the_float64_floor() -> None:
+    p = torch.cat([_rows(6, 64, 5000, 4.0).exp().flatten(), torch.tensor([0.0, 1.0, 2.0**-41])])
+    assert torch.equal(sampling._fixed(p), (p.double() * 2.0**40).floor().to(torch.int64))
+    assert torch.equal(sampling._fixed(p.to(torch.bfloat16)),
+                       (p.to(torch.bfloat16).double() * 2.0**40).floor().to(torch.int64))
+
+
 def test_top_p_one_and_the_round_limit() -> None:
     lp = _rows(4, 8, 100)
     u = torch.full((8,), 0.999999)
