@@ -71,12 +71,17 @@ class Unsupported(Exception):
 class _StorageType:
     """What `torch.<Type>Storage` unpickles to here: a marker, never called."""
 
-    def __reduce__(self) -> str:
-        return self.name  # pickled by reference, as this module's global of that name
+    __slots__ = ("dtype", "itemsize", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.dtype, self.itemsize = _STORAGES[name]
+
+    def __reduce__(self) -> str:
+        return self.name  # pickled by reference, as this module's global of that name
+
+    def __setstate__(self, state: Any) -> None:
+        raise Unsupported("BUILD on a storage type")
 
 
 for _name in _STORAGES:
