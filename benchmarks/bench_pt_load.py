@@ -32,12 +32,19 @@ from pathlib import Path
 from typing import Any
 
 
+def _raw(t: Any) -> bytes:
+    """The bytes of a tensor's whole storage."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).numpy().tobytes()
+
+
 def _same(a: Any, b: Any) -> bool:
     if hasattr(b, "untyped_storage"):
         return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
                 and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
                 and a.untyped_storage().nbytes() == b.untyped_storage().nbytes()
-                and bytes(a.untyped_storage()) == bytes(b.untyped_storage()))
+                and _raw(a) == _raw(b))
     if isinstance(b, dict):
         return type(a) is type(b) and list(a) == list(b) and all(_same(a[k], b[k]) for k in b)
     if isinstance(b, (list, tuple)):
@@ -77,10 +84,15 @@ def main() -> int:
     print(f"read_pt == torch.load(weights_only=True) on all {len(files)} files; read by "
           f"{ptread.COUNTS}")
     if args.baseline is not None:
-        sys.path.insert(0, str(args.baseline))
-        from pytest_rlkernel_matrix.judge.ptfile import load_plain  # the old package's
+        import importlib.util
 
-        variants["old judge/ptfile.py load_plain(bytes) (removed)"] = lambda f, r: load_plain(r)
+        spec = importlib.util.spec_from_file_location(  # the old package's file, stdlib only
+            "old_ptfile", args.baseline / "pytest_rlkernel_matrix" / "judge" / "ptfile.py")
+        assert spec is not None and spec.loader is not None
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        variants["old judge/ptfile.py load_plain(bytes) (removed)"] = (
+            lambda f, r: old.load_plain(r))
     tensors = sum(len(v) for v in torch.load(files[0], weights_only=True).values()
                   if isinstance(v, list) and v and hasattr(v[0], "numel"))
     print(f"{len(files)} sidecars of {len(raws[0]):,} bytes, {tensors} tensors each; "

@@ -28,13 +28,18 @@ def _saved(obj: Any, **kwargs: Any) -> bytes:
     return buf.getvalue()
 
 
+def _raw(t: torch.Tensor) -> bytes:
+    """The bytes of a tensor's whole storage."""
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).numpy().tobytes()
+
+
 def _same(a: Any, b: Any) -> bool:
     """Bitwise: type, dtype, shape, stride, storage offset and bytes of every tensor."""
     if isinstance(b, torch.Tensor):
         return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
                 and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
                 and a.requires_grad == b.requires_grad
-                and bytes(a.untyped_storage()) == bytes(b.untyped_storage()))
+                and _raw(a) == _raw(b))
     if isinstance(b, dict):
         return type(a) is type(b) and list(a) == list(b) and all(_same(a[k], b[k]) for k in b)
     if isinstance(b, (list, tuple)):
