@@ -39,6 +39,7 @@ import io
 import pickle
 import re
 import struct
+import sys
 import zlib
 from typing import Any
 
@@ -356,6 +357,8 @@ def load(raw: bytes, name: str = "<bytes>") -> Any:
     """The object a `.pt` file holds, as `torch.load(raw, weights_only=True)` gives it, CPU
     tensors; `Unsupported` (naming `name`) for anything outside the fast path."""
     try:
+        if sys.byteorder != "little":
+            raise Unsupported("this machine is big-endian (torch swaps bytes, this reader not)")
         _, records = _zip_records(raw)
         pkl = bytes(records["data.pkl"])
         if _MOD in pkl:
@@ -400,7 +403,7 @@ def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
     `torch.load(weights_only=True)` on the same bytes; CPU tensors either way."""
     try:
         obj = load(raw, name)
-    except Unsupported:
+    except Exception:  # Unsupported, or anything unforeseen: torch's answer, never ours
         COUNTS["torch.load"] += 1
         return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     COUNTS["fast"] += 1
