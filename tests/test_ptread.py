@@ -232,30 +232,57 @@ def test_opcodes_the_c_unpickler_runs_but_torch_refuses_are_refused() -> None:
     assert _same(ptread.load(_rezip(raw), "x.pt"), _torch(raw))  # the rezipped file reads
     storage = b"ctorch\nFloatStorage\nq"
     at = pkl.index(storage) + len(storage) + 1  # after the storage type's BINPUT
-    # BUILD on the storage type marker (the removed judge/ptfile.py accepted this one)
+    # BUILD on the storage type marker (the removed judge/ptfile.py accepted this one), BUILD
+    # with state None (a no-op in the C unpickler) on the top dict, BUILD on a tensor: opcodes
+    # refused before the C unpickler runs
     build = pkl[:at] + b"N}\x86b" + pkl[at:]
-    _refused(_rezip(raw, build))
-    # BUILD (state None: a no-op in the C unpickler) on the top dict
-    _refused(_rezip(raw, pkl[:2] + b"}Nb" + pkl[3:]), "not what torch.save")
-    # BUILD on a tensor
+    _refused(_rezip(raw, build), "opcode b'b'")
+    _refused(_rezip(raw, pkl[:2] + b"}Nb" + pkl[3:]), "opcode b'b'")
     rebuilt = pkl.index(b"R", pkl.index(b"OrderedDict")) + 1  # the tensor's REDUCE ...
     rebuilt = pkl.index(b"R", rebuilt) + 1
-    _refused(_rezip(raw, pkl[:rebuilt] + b"Nb" + pkl[rebuilt:]))
+    _refused(_rezip(raw, pkl[:rebuilt] + b"Nb" + pkl[rebuilt:]), "opcode b'b'")
     # SETITEM on a list, then POP: the C unpickler mutates the list, torch refuses both opcodes
     end = pkl.rindex(b".")
-    _refused(_rezip(raw, pkl[:end] + b"]K\x00aK\x00K\x07s0" + pkl[end:]), "not what torch.save")
+    _refused(_rezip(raw, pkl[:end] + b"]K\x00aK\x00K\x07s0" + pkl[end:]), "opcode b'0'")
+    # SETITEM on a list left as the result: opcodes torch.save writes, but not what it writes
+    # for that value (the C unpickler gives [7], torch refuses the SETITEM): the subset proof
+    _refused(_rezip(raw, pkl[:end] + b"]K\x00aK\x00K\x07s" + pkl[end:]), "not what torch.save")
+    _refused(_rezip(raw, b"\x80\x02}(X\x01\x00\x00\x00aK\x01X\x01\x00\x00\x00aK\x02u."),
+             "not what torch.save")  # a key twice
     # a REDUCE on the rebuild function with other arguments, and on a storage type
     for args in (b"K\x01\x85", b"X\x01\x00\x00\x00a\x85"):
         evil = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n" + args + b"R.")
         _refused(_rezip(raw, evil), "_rebuild_tensor_v2")
     _refused(_rezip(raw, b"\x80\x02ctorch\nFloatStorage\n)R."))
-    # trailing bytes after STOP, another protocol, a text persistent id
-    _refused(_rezip(raw, pkl + b"junk"), "not what torch.save")
-    _refused(_rezip(raw, b"\x80\x04" + pkl[2:]))
-    _refused(_rezip(raw, b"\x80\x02P0\n."), "persistent id")
+    # trailing bytes after STOP, no STOP, another protocol, a text persistent id
+    _refused(_rezip(raw, pkl + b"junk"), "after its STOP")
+    _refused(_rezip(raw, pkl[:-1]), "no STOP")
+    _refused(_rezip(raw, b"\x80\x04" + pkl[2:]), "not what torch.save")
+    _refused(_rezip(raw, b"\x80\x02P0\n."), "opcode b'P'")
+    _refused(_rezip(raw, b"\x80\x02(X\x07\x00\x00\x00storageK\x00tQ."), "persistent id")
     # the reader's own module named in the pickle
     mod = ptread.__name__.encode()
     _refused(_rezip(raw, b"\x80\x02c" + mod + b"\nFloatStorage\n."), "this reader's module")
+
+
+def test_a_memo_index_that_would_make_the_c_unpickler_allocate_gigabytes_is_refused() -> None:
+    """`N r <2**26> .` is 10 bytes; the C unpickler would first allocate and clear a memo
+    table of 2**27 pointers (1 GiB). The scan refuses it before: the process stays small."""
+    import subprocess
+    import sys
+
+    raw = _rezip(_saved({"x": 1}), b"\x80\x02Nr" + (1 << 26).to_bytes(4, "little") + b".")
+    code = ("import sys; from pytest_rlkernel_matrix.judge import ptread\n"
+            "try:\n    ptread.load(sys.stdin.buffer.read(), 'big-memo.pt')\n"
+            "except ptread.Unsupported as exc:\n    print(exc)\n"
+            "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')]\n"
+            "print(int(hwm[0].split()[1]) // 1024)")  # peak RSS of this process image, MiB
+    out = subprocess.run([sys.executable, "-c", code], input=raw, capture_output=True,
+                         check=True).stdout.decode().splitlines()
+    assert out[0] == "big-memo.pt: data.pkl memo index at 3 past the stream's size"
+    assert int(out[1]) < 200  # MiB; unguarded, the C unpickler's table alone is 1024
+    with pytest.raises(ptread.Unsupported, match="memo index"):
+        ptread.load(raw, "big-memo.pt")
 
 
 def _one_tensor(offset: int, size: tuple[int, ...], stride: tuple[int, ...],

@@ -22,6 +22,9 @@ What the fast path accepts, exactly (anything else raises `Unsupported` naming t
   `('storage', <Type>Storage, key, 'cpu', numel)` whose record holds exactly `numel` items;
 - values that are dicts, lists, tuples, str, int (64-bit), float, bool, None and those tensors,
   without cycles;
+- in `data.pkl` only the opcodes Python's pickler writes for those (protocol 2), checked before
+  the C unpickler runs (and no memo index beyond the stream's size: the C unpickler would first
+  allocate a table that large);
 - and, the subset proof: `data.pkl` must be byte for byte what Python's pickler (protocol 2,
   torch.save's) writes for the object it unpickled to, the globals named as torch names them.
   Such a stream uses only opcodes torch's weights-only unpickler implements (no BUILD, no
@@ -289,6 +292,49 @@ def _zip_records(raw: bytes) -> tuple[str, dict[str, memoryview]]:
     return prefix, records
 
 
+# The opcodes Python's pickler writes, protocol 2, for the values read here, with their
+# argument's size: a fixed count of bytes, or -4 (a 4-byte length, then that many bytes),
+# -1 (a 1-byte length, then that many), -2 (two lines). Every other opcode is refused before
+# the C unpickler runs; so is a LONG_BINPUT index no pickle of this size needs (the C unpickler
+# would allocate and clear a memo table of twice that index first).
+_OPCODES: dict[int, int] = {
+    **dict.fromkeys(b"}])(useat\x85\x86\x87\x88\x89NRQ.", 0),
+    **{ord("q"): 1, ord("h"): 1, ord("K"): 1, ord("M"): 2, ord("J"): 4, ord("j"): 4,
+       ord("r"): 4, ord("G"): 8, 0x80: 1},
+    ord("X"): -4, 0x8A: -1, ord("c"): -2,
+}
+_ARGS = [_OPCODES.get(op) for op in range(256)]
+
+
+def _scan(pkl: bytes) -> None:
+    """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past the stream's size."""
+    i, n, args = 0, len(pkl), _ARGS
+    while i < n:
+        op = pkl[i]
+        size = args[op]
+        if size is None:
+            raise Unsupported(f"data.pkl opcode {bytes([op])!r} at {i} is not one torch.save's "
+                              "pickler writes for plain data and tensors")
+        i += 1
+        if size > 0:
+            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= n:
+                raise Unsupported(f"data.pkl memo index at {i - 1} past the stream's size")
+            i += size
+        elif size == -4:
+            i += 4 + int.from_bytes(pkl[i:i + 4], "little")
+        elif size == -1:
+            i += 1 + pkl[i] if i < n else 1
+        elif size == -2:
+            i = pkl.find(b"\n", pkl.find(b"\n", i) + 1) + 1
+            if i == 0:
+                raise Unsupported("data.pkl GLOBAL is not two lines")
+        elif op == 0x2E:  # STOP
+            if i != n:
+                raise Unsupported("data.pkl has bytes after its STOP")
+            return
+    raise Unsupported("data.pkl has no STOP")
+
+
 _PLAIN = (str, float, bool, type(None))
 
 
@@ -363,6 +409,7 @@ def load(raw: bytes, name: str = "<bytes>") -> Any:
         pkl = bytes(records["data.pkl"])
         if _MOD in pkl:
             raise Unsupported("data.pkl names this reader's module")
+        _scan(pkl)
         obj = _Unpickler(pkl, records).load()
         tensors: list[_Tensor] = []
         _check(obj, tensors, set(), set())
