@@ -10,6 +10,11 @@ so the load of a shared box weighs less than in wall time) and the ratio to the 
 - `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.evidence.read_pt` does (the
   bytes are the ones `store.safeio` read and checked);
 - `torch.load(path, weights_only=True)` and `torch.load(path, weights_only=True, mmap=True)`;
+- `judge.ptread.load(bytes)`: the restricted fast path alone (C unpickler, allowlisted globals
+  answered by our own objects, the subset proof), and `judge.evidence.read_pt(bytes)`: what the
+  analysis calls (the fast path, `torch.load(weights_only=True)` where it says `Unsupported`);
+  the script first checks that both give what `torch.load(weights_only=True)` gives for every
+  file (dtype, shape, stride, storage offset, bytes) and prints how many files the fast path read;
 - with `--baseline OLD` (a directory holding an older `pytest_rlkernel_matrix` whose
   `judge/ptfile.py` exists), that restricted reader's `load_plain(bytes)`, for the record.
 """
@@ -18,12 +23,33 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def _raw(t: Any) -> bytes:
+    """The bytes of a tensor's whole storage."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).numpy().tobytes()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if hasattr(b, "untyped_storage"):
+        return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+                and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+                and a.untyped_storage().nbytes() == b.untyped_storage().nbytes()
+                and _raw(a) == _raw(b))
+    if isinstance(b, dict):
+        return type(a) is type(b) and list(a) == list(b) and all(_same(a[k], b[k]) for k in b)
+    if isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and a == b
 
 
 def main() -> int:
@@ -45,15 +71,32 @@ def main() -> int:
         "torch.load(path, weights_only=True, mmap=True)": lambda f, r: torch.load(
             f, map_location="cpu", weights_only=True, mmap=True),
     }
-    if args.baseline is not None:
-        sys.path.insert(0, str(args.baseline))
-        from pytest_rlkernel_matrix.judge.ptfile import load_plain  # the old package's
+    from pytest_rlkernel_matrix.judge import ptread
+    from pytest_rlkernel_matrix.judge.evidence import read_pt
 
-        variants["old judge/ptfile.py load_plain(bytes) (removed)"] = lambda f, r: load_plain(r)
+    variants["judge.ptread.load(bytes) (fast path alone)"] = lambda f, r: ptread.load(r, f.name)
+    variants["judge.evidence.read_pt(bytes) (fast path, torch.load fallback)"] = (
+        lambda f, r: read_pt(r, torch, f.name))
+    for f, r in zip(files, raws, strict=True):
+        want = torch.load(io.BytesIO(r), map_location="cpu", weights_only=True)
+        if not _same(read_pt(r, torch, f.name), want):
+            raise SystemExit(f"{f}: read_pt differs from torch.load(weights_only=True)")
+    print(f"read_pt == torch.load(weights_only=True) on all {len(files)} files; read by "
+          f"{ptread.COUNTS}")
+    if args.baseline is not None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(  # the old package's file, stdlib only
+            "old_ptfile", args.baseline / "pytest_rlkernel_matrix" / "judge" / "ptfile.py")
+        assert spec is not None and spec.loader is not None
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        variants["old judge/ptfile.py load_plain(bytes) (removed)"] = (
+            lambda f, r: old.load_plain(r))
     tensors = sum(len(v) for v in torch.load(files[0], weights_only=True).values()
                   if isinstance(v, list) and v and hasattr(v[0], "numel"))
     print(f"{len(files)} sidecars of {len(raws[0]):,} bytes, {tensors} tensors each; "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(5):
         for name, fn in variants.items():
@@ -67,6 +110,7 @@ def main() -> int:
     for name, ts in times.items():
         print(f"| {name} | {min(ts):.2f} | {statistics.median(ts):.2f} | "
               f"{min(ts) / first:.2f}x |")
+    print(f"load average {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -1,18 +1,18 @@
 """Read what a run left on disk (RL-Kernel + vime layout, see docs/artifact-format.md).
 
 Readers are tolerant of version differences: unknown keys are ignored, missing or unreadable
-artifacts become `problems` (reasons), never exceptions. `.pt` files are read by `read_pt`,
-`torch.load(weights_only=True)` over the bytes read through `store.safeio` (capped, regular
-files inside the run directory); torch is imported only when a `.pt` file exists. Within
-`pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step claims
-(`judge.steps`) get the same loaded object and the same problems as the evidence did.
+artifacts become `problems` (reasons), never exceptions. `.pt` files are read by `read_pt`
+(`judge.ptread`: a restricted C-unpickler fast path inside what `torch.load(weights_only=True)`
+accepts, else `torch.load(weights_only=True)`) over the bytes read through `store.safeio`
+(capped, regular files inside the run directory); torch is imported only when a `.pt` file
+exists. Within `pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step
+claims (`judge.steps`) get the same loaded object and the same problems as the evidence did.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import re
 import threading
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_rlkernel_matrix.judge import ptread
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
 from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
 from pytest_rlkernel_matrix.judge.sidecars import (
@@ -320,7 +321,7 @@ def _read_pt_file(path: Path, root: Path, problems: list[str],
         problems.append(str(exc))
         return None
     try:
-        data = read_pt(raw, torch)
+        data = read_pt(raw, torch, path.name)
     except Exception as exc:  # torch raises many types for a bad pickle
         problems.append(f"unreadable {path.name}: {type(exc).__name__}: {str(exc)[:200]}")
         return None
@@ -330,13 +331,15 @@ def _read_pt_file(path: Path, root: Path, problems: list[str],
     return data, hashlib.sha256(raw).hexdigest()
 
 
-def read_pt(raw: bytes, torch: Any) -> Any:
-    """A `.pt` file's object: `torch.load(weights_only=True)` on its bytes, CPU tensors.
+def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
+    """A `.pt` file's object, CPU tensors: `judge.ptread.read_pt` on its bytes (the restricted
+    fast path, which accepts only what `torch.load(weights_only=True)` accepts and gives the
+    same values, else `torch.load(weights_only=True)` itself).
 
     From bytes, not from the path with `mmap=True`: the bytes are the ones `store.safeio`
     checked (and hashed), and for sidecar-sized files the two cost the same (docs/benchmarks.md).
     """
-    return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    return ptread.read_pt(raw, torch, name)
 
 
 def _renumber(samples: Iterable[Sample]) -> list[Sample]:

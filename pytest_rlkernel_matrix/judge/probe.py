@@ -2,11 +2,12 @@
 
 Reads a probe directory (``docs/artifact-format.md``, "Probes": ``<side>.rank{r:05d}.pt`` +
 ``index.json``) with the same care as the other readers (capped reads inside the cell directory,
-``torch.load(weights_only=True)``, every field type-checked), then, per operator in forward
-order: bitwise equal or not, max |delta|, relative error; the first divergent operator with its
-side(s) and layer; the error's growth through the layers; and at the probed tokens the
-full-vocabulary figures (KL both ways, total variation, top-1 agreement, top-k overlap, the
-sampled token's logprob on both sides tied back to the measured run's sidecar).
+``judge.ptread.read_pt``: ``torch.load(weights_only=True)`` or its restricted fast path, every
+field type-checked), then, per operator in forward order: bitwise equal or not, max |delta|,
+relative error; the first divergent operator with its side(s) and layer; the error's growth
+through the layers; and at the probed tokens the full-vocabulary figures (KL both ways, total
+variation, top-1 agreement, top-k overlap, the sampled token's logprob on
+both sides tied back to the measured run's sidecar).
 
 Anything that cannot be compared (a side absent, an operator missing on one side, shapes that
 differ, tokens seen on one side only) is a reason in the result, never a silent skip.
@@ -15,13 +16,13 @@ torch is imported only when a probe is read.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.judge.ptread import read_pt
 from pytest_rlkernel_matrix.store.safeio import Refused, listing, read_bytes
 
 SIDES = ("training", "rollout")
@@ -108,7 +109,7 @@ def _load(path: Path, root: Path, problems: list[str]) -> dict[str, Any] | None:
         problems.append(str(exc))
         return None
     try:
-        data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        data = read_pt(raw, torch, path.name)
     except Exception as exc:  # torch raises many types for a bad pickle
         problems.append(f"probe {path.name}: unreadable: {type(exc).__name__}: {str(exc)[:200]}")
         return None
