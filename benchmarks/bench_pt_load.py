@@ -7,7 +7,7 @@ sidecars of `cpu/ffn-pr/mismatch-sidecars/` are read, all bytes in memory first,
 interleaved. Printed per variant: CPU ms per file (best and median of the rounds, process time,
 so the load of a shared box weighs less than in wall time) and the ratio to the first variant:
 
-- `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.evidence.read_pt` does (the
+- `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.ptread.read_pt` falls back to (the
   bytes are the ones `store.safeio` read and checked);
 - `torch.load(path, weights_only=True)` and `torch.load(path, weights_only=True, mmap=True)`;
 - `judge.ptread.load(bytes)`: the restricted fast path alone (C unpickler, allowlisted globals

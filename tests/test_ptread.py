@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pytest_rlkernel_matrix.judge import ptread
-from pytest_rlkernel_matrix.judge.evidence import read_pt
+from pytest_rlkernel_matrix.judge.ptread import read_pt
 
 REPO = Path(__file__).resolve().parents[1]
 

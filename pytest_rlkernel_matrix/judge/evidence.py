@@ -1,9 +1,10 @@
 """Read what a run left on disk (RL-Kernel + vime layout, see docs/artifact-format.md).
 
 Readers are tolerant of version differences: unknown keys are ignored, missing or unreadable
-artifacts become `problems` (reasons), never exceptions. `.pt` files are read by `read_pt`
-(`judge.ptread`: a restricted C-unpickler fast path inside what `torch.load(weights_only=True)`
-accepts, else `torch.load(weights_only=True)`) over the bytes read through `store.safeio`
+artifacts become `problems` (reasons), never exceptions. `.pt` files are read by
+`judge.ptread.read_pt_dict` (a restricted C-unpickler fast path inside what
+`torch.load(weights_only=True)` accepts, else `torch.load(weights_only=True)`) over the bytes
+read through `store.safeio`
 (capped, regular files inside the run directory); torch is imported only when a `.pt` file
 exists. Within `pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step
 claims (`judge.steps`) get the same loaded object and the same problems as the evidence did.
@@ -310,36 +311,8 @@ def sidecar_shards(data: dict[str, Any], file: str) -> list[Shard]:
 
 def _read_pt_file(path: Path, root: Path, problems: list[str],
                   ) -> tuple[dict[str, Any], str] | None:
-    try:
-        import torch
-    except ImportError:
-        problems.append(f"cannot read {path.name}: torch is not installed in the plugin's Python")
-        return None
-    try:
-        raw = read_bytes(path, root, MAX_PT_BYTES)
-    except Refused as exc:
-        problems.append(str(exc))
-        return None
-    try:
-        data = read_pt(raw, torch, path.name)
-    except Exception as exc:  # torch raises many types for a bad pickle
-        problems.append(f"unreadable {path.name}: {type(exc).__name__}: {str(exc)[:200]}")
-        return None
-    if not isinstance(data, dict):
-        problems.append(f"{path.name} is not a dict")
-        return None
-    return data, hashlib.sha256(raw).hexdigest()
-
-
-def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
-    """A `.pt` file's object, CPU tensors: `judge.ptread.read_pt` on its bytes (the restricted
-    fast path, which accepts only what `torch.load(weights_only=True)` accepts and gives the
-    same values, else `torch.load(weights_only=True)` itself).
-
-    From bytes, not from the path with `mmap=True`: the bytes are the ones `store.safeio`
-    checked (and hashed), and for sidecar-sized files the two cost the same (docs/benchmarks.md).
-    """
-    return ptread.read_pt(raw, torch, name)
+    done = ptread.read_pt_dict(path, root, MAX_PT_BYTES, problems)
+    return None if done is None else (done[0], hashlib.sha256(done[1]).hexdigest())
 
 
 def _renumber(samples: Iterable[Sample]) -> list[Sample]:

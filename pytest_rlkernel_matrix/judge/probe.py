@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.ptread import read_pt
+from pytest_rlkernel_matrix.judge.ptread import read_pt_dict
 from pytest_rlkernel_matrix.store.safeio import Refused, listing, read_bytes
 
 SIDES = ("training", "rollout")
@@ -101,22 +101,8 @@ def probe_positions(run_dir: Path, budget: int, controls: int = 2) -> tuple[
 
 
 def _load(path: Path, root: Path, problems: list[str]) -> dict[str, Any] | None:
-    import torch
-
-    try:
-        raw = read_bytes(path, root, MAX_PROBE_BYTES)
-    except Refused as exc:
-        problems.append(str(exc))
-        return None
-    try:
-        data = read_pt(raw, torch, path.name)
-    except Exception as exc:  # torch raises many types for a bad pickle
-        problems.append(f"probe {path.name}: unreadable: {type(exc).__name__}: {str(exc)[:200]}")
-        return None
-    if not isinstance(data, dict):
-        problems.append(f"probe {path.name}: not a dict")
-        return None
-    return data
+    done = read_pt_dict(path, root, MAX_PROBE_BYTES, problems, "probe ")
+    return None if done is None else done[0]
 
 
 def _check(data: dict[str, Any], name: str) -> tuple[list[tuple[int, int]], dict[str, Any],

@@ -44,7 +44,10 @@ import re
 import struct
 import sys
 import zlib
+from pathlib import Path
 from typing import Any
+
+from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
 
 _MOD = __name__.encode()
 
@@ -455,3 +458,30 @@ def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
         return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     COUNTS["fast"] += 1
     return obj
+
+
+def read_pt_dict(path: Path, root: Path, max_bytes: int, problems: list[str],
+                 what: str = "") -> tuple[dict[str, Any], bytes] | None:
+    """(object, bytes) of a `.pt` file under `root` that must hold a dict, read through
+    `store.safeio` (capped, regular, inside `root`) and `read_pt`; or None with the reason in
+    `problems` (``what`` prefixes the file's name there: ``"probe "``)."""
+    name = f"{what}{path.name}"
+    try:
+        import torch
+    except ImportError:
+        problems.append(f"cannot read {name}: torch is not installed in the plugin's Python")
+        return None
+    try:
+        raw = read_bytes(path, root, max_bytes)
+    except Refused as exc:
+        problems.append(str(exc))
+        return None
+    try:
+        data = read_pt(raw, torch, path.name)
+    except Exception as exc:  # torch raises many types for a bad pickle
+        problems.append(f"{name}: unreadable: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{name}: not a dict")
+        return None
+    return data, raw
