@@ -10,7 +10,9 @@ mismatch count over the active tokens, and the rollout's readback ``execution_mo
         --max-new-tokens 16 --steps 2                                # a CPU smoke run
 
 Configurations: ``R`` (all modules R/R), ``P`` (all P/P), ``P-eager`` (all P/P with the decode
-graphs off: the pre-graph P rollout), ``R-eager`` (R/R, graphs off), ``P-unfused`` and
+graphs off: the pre-graph P rollout), ``P-native`` (P's decode as vLLM runs it: the native
+math of ``workload/native.py`` compiled by Inductor, ``P-compile``, and the decode attention
+over the keys in use, ``P-span``; each alone too), ``R-eager`` (R/R, graphs off), ``P-unfused`` and
 ``R-sort`` (``RLK_REF_FAST=0``: the sort-based top-p sampler and P's earlier unfused CUDA
 paths), ``R-tiledbwd`` (``RLK_REF_R_BACKWARD=tiled``: R's loss forward and backward on the tiled
 torch R path, the earlier method; ``R`` runs the loss on the Triton forward with the per-op
@@ -34,6 +36,11 @@ CONFIGS = {
     "P": ("P/P", {}),
     "P-eager": ("P/P", {"RLK_REF_DECODE_GRAPHS": "0"}),
     "R-eager": ("R/R", {"RLK_REF_DECODE_GRAPHS": "0"}),
+    # vLLM's production decode (opt-in until measured): native.py's functions compiled by
+    # Inductor, and the decode attention over the keys in use (span buckets of 32)
+    "P-native": ("P/P", {"RLK_REF_P_COMPILE": "1", "RLK_REF_DECODE_SPAN_UNIT": "32"}),
+    "P-compile": ("P/P", {"RLK_REF_P_COMPILE": "1"}),
+    "P-span": ("P/P", {"RLK_REF_DECODE_SPAN_UNIT": "32"}),
     "P-unfused": ("P/P", {"RLK_REF_FAST": "0"}),  # sort-based sampler, unfused P CUDA paths
     "R-sort": ("R/R", {"RLK_REF_FAST": "0"}),  # the sort-based sampler under R
     # the earlier R backward: loss forward + backward on the tiled torch R path
@@ -82,7 +89,8 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
              for r in rb}
     triton = {r["target"]: sorted({op["provenance"]["execution"]["triton_used"]
                                    for op in r["operators"].values()}) for r in rb}
-    learning = json.loads((art / "manifest.json").read_text()).get("learning", {})
+    manifest = json.loads((art / "manifest.json").read_text())
+    learning = manifest.get("learning", {})
 
     def med(key: str) -> float:
         return statistics.median(s[key] for s in measured)
@@ -108,6 +116,8 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
         "max_abs_diff": mm.get("train/train_current_rollout_logprob_max_abs_diff"),
         "execution_mode": modes, "triton_used": triton,
         "backward_method": learning.get("backward_method"),
+        "first_step_s": parsed["steps"][0].get("perf/step_time") if parsed["steps"] else None,
+        "p_decode": manifest.get("rollout_p_decode"),
     }
 
 

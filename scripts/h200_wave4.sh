@@ -22,7 +22,7 @@ matrix() {  # name toml extra-args...
 if [[ $STAGES == *tests* ]]; then
   python3 -m pytest -q -p no:cacheprovider -p no:rlkernel_matrix -m gpu -rs --durations=8 \
     tests/workload/test_triton_kernels.py tests/workload/test_kernels.py \
-    tests/workload/test_sampling.py tests/test_probe.py 2>&1 | tee "$OUT/tests.log" | tail -15
+    tests/workload/test_sampling.py tests/workload/test_native.py tests/test_probe.py 2>&1 | tee "$OUT/tests.log" | tail -15
 fi
 if [[ $STAGES == *compare* ]]; then
   python3 benchmarks/step_compare.py --out /tmp/cmp --configs "${CONFIGS:-R,P,P-unfused,R-sort}" \

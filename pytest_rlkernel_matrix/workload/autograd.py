@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .native import rotate_half as _rotate_half
+
 BACKWARD_METHODS = {  # the manifest's learning.backward_kernels, per env.backward_mode()
     "recompute": "Triton forward; per-op native torch recompute backward (workload/autograd.py)",
     "tiled": "torch R path (tiled fp32 forward and its autograd backward; the reported logprobs "
@@ -122,11 +124,6 @@ def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
     """fp32 RMSNorm over the last dim times ``w``."""
     x = x.float()
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w.float()
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
 
 def ref_rmsnorm(x: Tensor, w: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from pytest_rlkernel_matrix.workload.env import FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC, factor_env
+from pytest_rlkernel_matrix.workload.sampling import FIXED_POINT, _fixed
 
 SAMPLING, WEIGHT_SYNC = FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC
 
@@ -120,9 +121,21 @@ class Factors:
 
 
 def processed_selected(logprobs: Tensor, tokens: Tensor, top_p: float) -> Tensor:
-    """Logprob of ``tokens`` after top-p: renormalized over the nucleus kept for sampling."""
-    sorted_lp, _ = logprobs.sort(dim=-1, descending=True)
-    sorted_p = sorted_lp.exp()
-    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
-    log_z = torch.logsumexp(sorted_lp.masked_fill(~keep, float("-inf")), dim=-1)
-    return logprobs.gather(-1, tokens[:, None])[:, 0] - log_z
+    """Logprob of ``tokens`` after top-p: renormalized over the nucleus the sampler keeps.
+
+    The nucleus is ``sampling.py``'s: a token is in it iff the mass of the strictly more
+    probable tokens is below ``top_p`` (ties kept together), every mass an exact int64 sum of
+    the probabilities in fixed point. So the normalizer ``Z`` does not depend on the batch (a
+    float ``cumsum``/``logsumexp`` over the vocabulary does on CUDA) and its nucleus is the one
+    the sampled token was accepted from. ``log Z`` and the difference are taken in float64."""
+    q = _fixed(logprobs.exp())
+    if top_p >= 1.0:
+        z = q.sum(-1)
+    else:
+        qs = q.sort(dim=-1, descending=True).values
+        above = qs.cumsum(-1) - qs  # exact; at a tie's first index, the mass strictly above
+        last = (above < int(top_p * FIXED_POINT)).sum(-1, keepdim=True) - 1
+        edge = qs.gather(-1, last.clamp(min=0))  # the nucleus: every token with q >= edge
+        z = torch.where(q >= edge, q, 0).sum(-1)
+    log_z = (z.double() / FIXED_POINT).log()
+    return (logprobs.gather(-1, tokens[:, None])[:, 0].double() - log_z).float()

@@ -6,6 +6,13 @@ eager. A bucket holds its own static inputs (token, position per slot) and KV ca
 sequences keep their slot (its output is ignored) until the live count fits the next smaller
 bucket; then the live rows' caches move to that bucket's caches and its graph is captured.
 
+A P rollout's decode attention (masked SDPA over the cache) reads the keys up to the step's
+key span, as vLLM's attention reads each sequence's own length: the span is the longest live
+sequence rounded up to ``SPAN_UNIT`` positions, and each (bucket, span) pair is captured once
+(the span only grows, the bucket only shrinks). R's attention reads each row's own keys
+whatever the span, so an R rollout keeps one span, the whole cache (``span_unit=0``). Span
+buckets are opt-in (``RLK_REF_DECODE_SPAN_UNIT``, e.g. 32; 0 keeps the whole cache).
+
 The R kernels are batch-invariant, so a row's log-probs do not depend on the bucket's size, on
 its slot, or on the dummy rows beside it: an R rollout gives the same bits eager or graphed.
 
@@ -16,6 +23,8 @@ CPU, or a capture that failed: ``fallback_reason`` says why).
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -24,6 +33,8 @@ from .model import Qwen3
 from .weights import KVCache
 
 MIN_BUCKET = 16
+# Opt-in (not yet measured on a GPU): 0, the default, keeps the whole cache as every step's span.
+SPAN_UNIT = int(os.environ.get("RLK_REF_DECODE_SPAN_UNIT", "0"))
 
 
 def graph_mode_name() -> str:
@@ -45,9 +56,10 @@ class DecodeRunner:
     """Runs decode steps for a shrinking set of live rows, graphed per bucket when asked."""
 
     def __init__(self, model: Qwen3, kernels: SideKernels, caches: list[KVCache],
-                 temperature: float, use_graphs: bool) -> None:
+                 temperature: float, use_graphs: bool, span_unit: int = 0) -> None:
         dev = caches[0].k.device
         self.model, self.kernels, self.temperature = model, kernels, temperature
+        self.span_unit, self.span = span_unit, model.max_seq_len
         self.buckets = bucket_sizes(caches[0].k.shape[0])
         self.bucket = self.buckets[0]
         self.caches = caches
@@ -62,6 +74,7 @@ class DecodeRunner:
         self.per_replay = [0, 0, 0]
         self.captures = 0
         self.replays = 0
+        self.capture_steps = 0  # steps whose output is their capture's warm-up (same kernels)
         self.eager_steps = 0
 
     @property
@@ -94,16 +107,19 @@ class DecodeRunner:
 
     def _eager(self) -> Tensor:
         return self.model.decode_step(self.kernels, self.tok, self.pos, self.caches,
-                                      self.temperature)
+                                      self.temperature, self.span)
 
-    def _capture(self) -> None:
+    def _capture(self) -> Tensor | None:
+        """Capture this bucket's graph; the warm-up step's output (this step's log-probs, the
+        bits a replay gives), or None when the capture failed."""
         mods = self._modules()
         before = [m.call_count for m in mods]
+        warm: Tensor | None = None
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up: compiles, workspaces; idempotent step
-                self._eager()
+                warm = self._eager()
             torch.cuda.current_stream().wait_stream(side)
             mid = [m.call_count for m in mods]
             graph = torch.cuda.CUDAGraph()
@@ -117,16 +133,29 @@ class DecodeRunner:
             self.use_graphs = False
             self.fallback_reason = f"graph capture failed: {type(exc).__name__}: {exc}"
             print(f"[rlk-reference] decode graphs: eager fallback ({self.fallback_reason})")
+            warm = None
         finally:
             for m, c in zip(mods, before, strict=True):
                 m.call_count = c
+        return warm
 
-    def step(self, tok: Tensor, lengths: Tensor) -> Tensor:
-        """Decode the live rows' tokens ``tok`` at positions ``lengths``: log-probs ``[n, V]``."""
+    def step(self, tok: Tensor, lengths: Tensor, need: int = 0) -> Tensor:
+        """Decode the live rows' tokens ``tok`` at positions ``lengths``: log-probs ``[n, V]``.
+        ``need``: an upper bound of ``max(lengths) + 1`` known on the host (the key span)."""
         self.tok[self.slots] = tok
         self.pos[self.slots] = lengths
+        if self.span_unit and need:
+            span = min(self.model.max_seq_len, -(-need // self.span_unit) * self.span_unit)
+            if span != self.span:
+                self.span, self.graph, self.out = span, None, None
         if self.use_graphs and self.graph is None:
-            self._capture()
+            warm = self._capture()
+            if warm is not None and self.span_unit:  # span buckets capture often: the warm-up
+                # step (the kernels a replay runs) already computed this step's output
+                self.capture_steps += 1
+                for m, n in zip(self._modules(), self.per_replay, strict=True):
+                    m.call_count += n
+                return warm.index_select(0, self.slots)
         if self.graph is not None and self.out is not None:
             self.graph.replay()
             self.replays += 1

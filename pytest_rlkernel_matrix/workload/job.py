@@ -41,7 +41,8 @@ from pytest_rlkernel_matrix.workload.env import (
     resolve_route,
 )
 
-from . import rl
+from . import graphs as graphs_mod
+from . import native, rl
 from .artifacts import Rollout, emit_step, write_json, write_probes, write_sidecar
 from .autograd import BACKWARD_METHODS
 from .factors import Factors, processed_selected
@@ -129,7 +130,8 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
     if tap is not None:
         tap.rows([(i, p.numel() - 1) for i, p in enumerate(prompts)])
         graphs = False  # the probe copies rows out on the host: eager decode
-    runner = DecodeRunner(model, k, caches, temperature, True) if graphs else None
+    span_unit = graphs_mod.SPAN_UNIT if k.attention.implementation == "production" else 0
+    runner = DecodeRunner(model, k, caches, temperature, True, span_unit) if graphs else None
     out_tok: list[list[int]] = [[] for _ in prompts]
     out_lp: list[list[float]] = [[] for _ in prompts]  # fp32 values, exact as Python floats
     active = torch.arange(len(prompts), device=dev)
@@ -163,7 +165,7 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
                 h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
                 lp = model.logprobs(k, h, temperature)
             else:
-                lp = runner.step(tok, lengths)
+                lp = runner.step(tok, lengths, width + step_i)
         lengths = lengths + 1
     return Rollout([torch.cat([p, torch.tensor(t, device=dev)])
                     for p, t in zip(prompts, out_tok, strict=True)],
@@ -588,6 +590,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         sys.stdout.flush()
     write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
+    manifest["rollout_p_decode"] = native.decode_mode()  # native.py: compiled or eager, why
     if lead:
         write_json(env.artifact_dir / "manifest.json", manifest)
     if env.mode == "strict" and any(routes[s].fallbacks for s in SIDES):

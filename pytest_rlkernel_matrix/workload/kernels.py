@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import native
+from .native import rotate_half as _rotate_half
 from .parallel import Group, fixed_order_sum
 from .sampling import FAST_PATHS
 from .weights import AttnInputs, LayerWeights
@@ -135,11 +137,6 @@ def r_matmul(a: Tensor, b_t: Tensor, tile: int) -> Tensor:
 def _r_rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
     """fp32 RMSNorm over the last dim (caller guarantees fixed shapes)."""
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
 
 def r_core_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, tiling: Tiling) -> Tensor:
@@ -240,6 +237,11 @@ class ModuleKernel:
             return R_BACKEND_IDS[self.module]
         return f"{self.framework}.production.{self.module}"
 
+    def _compiled_decode(self, x: Tensor, decoding: bool = True) -> bool:
+        """P's rollout decode math runs compiled (``native.py``): vLLM on CUDA, no tap."""
+        return (decoding and self.tap is None and self.framework == "vllm"
+                and not self.partial and native.use_compiled(x))
+
     def _weight(self, key: tuple[int, str], make: Callable[[], Tensor]) -> Tensor:
         """Derived weight (fp32 transposed or fused), built once per engine."""
         if key not in self._cache:
@@ -250,11 +252,11 @@ class ModuleKernel:
         """Native RMSNorm: Megatron/TE fused fp32 epilogue vs vLLM's cast-then-scale."""
         if x.is_cuda and FAST_PATHS and self.framework == "megatron":  # fused, fp32 inside
             return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+        if self.framework != "megatron":
+            return native.rms_vllm(x, w, self.eps)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.framework == "megatron":
-            return (y * w.float()).to(x.dtype)
-        return y.to(x.dtype) * w
+        return (y * w.float()).to(x.dtype)
 
 
 class AttentionKernel(ModuleKernel):
@@ -357,6 +359,12 @@ class AttentionKernel(ModuleKernel):
         hq, hkv = lw.q_proj.shape[0] // d, lw.k_proj.shape[0] // d
         wqkv = self._weight((lw.index, "qkv"), lambda: torch.cat([lw.q_proj, lw.k_proj, lw.v_proj]))
         n, o_ = f"model.layers.{lw.index}.", self._o
+        if self._compiled_decode(x, t == 1 and inp.cache is not None and inp.kv_gather is None):
+            q, k, v = native.compiled(native.decode_attn_pre, (0, 5, 6))(
+                x, lw.input_norm, wqkv, lw.q_norm, lw.k_norm, inp.cos, inp.sin, self.eps, hq, hkv,
+                d)
+            self._write_cache(inp, k, v)
+            return self._p_decode(q, inp, lw, b, hq, hkv, d)
         qkv = F.linear(o_(n + "input_layernorm", self._p_norm(x, lw.input_norm)), wqkv)
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k = o_(n + "self_attn.q_proj", q, "col"), o_(n + "self_attn.k_proj", k, "col")
@@ -364,13 +372,8 @@ class AttentionKernel(ModuleKernel):
         q = o_(n + "self_attn.q_norm", self._p_norm(q.reshape(b, t, hq, d), lw.q_norm), "col")
         k = o_(n + "self_attn.k_norm", self._p_norm(k.reshape(b, t, hkv, d), lw.k_norm), "col")
         v = v.reshape(b, t, hkv, d)
-        cos, sin = inp.cos[:, :, None], inp.sin[:, :, None]
-        if self.framework == "megatron":  # fused RoPE: fp32 math, cast back
-            q = (q.float() * cos + _rotate_half(q.float()) * sin).to(x.dtype)
-            k = (k.float() * cos + _rotate_half(k.float()) * sin).to(x.dtype)
-        else:  # vLLM native rotary: in the model dtype
-            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        rope = native.rope_megatron if self.framework == "megatron" else native.rope_vllm
+        q, k = rope(q, inp.cos, inp.sin), rope(k, inp.cos, inp.sin)
         g = hq // hkv
         if inp.cache is not None:
             self._write_cache(inp, k, v)
@@ -388,17 +391,24 @@ class AttentionKernel(ModuleKernel):
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1),
                 v.transpose(1, 2).repeat_interleave(g, 1), is_causal=True)
-        else:  # rollout decode: the KV cache read in place, query heads grouped per KV head
-            span = inp.span
-            kc = inp.cache.k[:, :span].transpose(1, 2)  # [B, Hkv, span, D] views, no copy
-            vc = inp.cache.v[:, :span].transpose(1, 2)
-            mask = torch.arange(span, device=x.device)[None, :] <= inp.positions
-            o = F.scaled_dot_product_attention(q.reshape(b, hkv, g, d), kc, vc,
-                                               attn_mask=mask[:, None, None, :])
-            o = o_(n + "self_attn.attn", o.reshape(b, t, hq * d), "col")
-            return o_(n + "self_attn.o_proj", F.linear(o, lw.o_proj), "row")
+        else:  # rollout decode
+            return self._p_decode(q, inp, lw, b, hq, hkv, d)
         o = o_(n + "self_attn.attn", o.transpose(1, 2).reshape(b, t, hq * d), "col")
         return o_(n + "self_attn.o_proj", F.linear(o, lw.o_proj), "row")
+
+    def _p_decode(self, q: Tensor, inp: AttnInputs, lw: LayerWeights, b: int, hq: int, hkv: int,
+                  d: int) -> Tensor:
+        """Decode attention: the KV cache read in place up to ``inp.span`` (the keys in use),
+        query heads grouped per KV head, then the output projection."""
+        assert inp.cache is not None
+        n, span = f"model.layers.{lw.index}.", inp.span
+        kc = inp.cache.k[:, :span].transpose(1, 2)  # [B, Hkv, span, D] views, no copy
+        vc = inp.cache.v[:, :span].transpose(1, 2)
+        mask = torch.arange(span, device=q.device)[None, :] <= inp.positions
+        o = F.scaled_dot_product_attention(q.reshape(b, hkv, hq // hkv, d), kc, vc,
+                                           attn_mask=mask[:, None, None, :])
+        o = self._o(n + "self_attn.attn", o.reshape(b, 1, hq * d), "col")
+        return self._o(n + "self_attn.o_proj", F.linear(o, lw.o_proj), "row")
 
 
 class FfnKernel(ModuleKernel):
@@ -445,6 +455,9 @@ class FfnKernel(ModuleKernel):
                 out = _tiled(mlp, self.tiling.row_tile, x.reshape(b * t, h))[0]
             return out.reshape(b, t, h)
         wgu = self._weight((lw.index, "gu"), lambda: torch.cat([lw.gate_proj, lw.up_proj]))
+        if self._compiled_decode(x, t == 1):
+            return native.compiled(native.decode_ffn)(x, lw.post_norm, wgu, lw.down_proj,
+                                                      self.eps, inter)
         gu = F.linear(o_(n + "post_attention_layernorm", self._p_norm(x, lw.post_norm)), wgu)
         gate = o_(n + "mlp.gate_proj", gu[..., :inter], "col")
         up = o_(n + "mlp.up_proj", gu[..., inter:], "col")
@@ -511,13 +524,15 @@ class LogpKernel(ModuleKernel):
             return self._r_triton(h, norm_w, lm_head, None, temperature)
         if self.implementation == "rl_kernel":
             return self._r_tiles(h, norm_w, lm_head, None, temperature)
+        if self._compiled_decode(h):
+            return native.compiled(native.decode_logp)(h, norm_w, lm_head, self.eps, temperature)
         return self._o("log_softmax", self._p_full(h, norm_w, lm_head, temperature))
 
     def _p_full(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, temperature: float) -> Tensor:
         logits = self._o("lm_head", F.linear(self._o("model.norm", self._p_norm(h, norm_w)),
                                              lm_head))
         if self.framework == "megatron":
-            return self._megatron_ce(logits, temperature)
+            return native.megatron_log_softmax(logits, temperature)
         return torch.log_softmax(logits.float() / temperature, dim=-1)
 
     def selected(self, h: Tensor, norm_w: Tensor, lm_head: Tensor, targets: Tensor,
@@ -536,13 +551,6 @@ class LogpKernel(ModuleKernel):
             return self._r_tiles(h, norm_w, lm_head, targets, temperature)
         lp = self._o("log_softmax", self._p_full(h, norm_w, lm_head, temperature))
         return lp.gather(-1, targets[:, None])[:, 0]
-
-    @staticmethod
-    def _megatron_ce(logits: Tensor, temperature: float) -> Tensor:
-        """Megatron-style: divide in the model dtype, then fp32 max / exp-sum / log."""
-        lf = logits.div(temperature).float()
-        shifted = lf - lf.amax(-1, keepdim=True)
-        return shifted - torch.log(shifted.exp().sum(-1, keepdim=True))
 
     # -- vocab-parallel (tp > 1): ``lm_head`` is this rank's ``[V / tp, H]`` slice -------------
 

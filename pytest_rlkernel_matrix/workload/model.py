@@ -241,14 +241,14 @@ class Qwen3:
         return x
 
     def decode_step(self, kernels: SideKernels, tokens: Tensor, positions: Tensor,
-                    caches: list[KVCache], temperature: float) -> Tensor:
+                    caches: list[KVCache], temperature: float, span: int = 0) -> Tensor:
         """One decode step with no host sync (graph-capturable).
 
         Tokens ``[B]`` at positions ``[B]`` -> fp32 log-probabilities ``[B, V]`` of the next
-        token; keys span the whole cache.
+        token; keys span ``span`` positions of the cache (default: the whole cache).
         """
         h = self.hidden(kernels, tokens[:, None], positions[:, None], caches,
-                        span=self.max_seq_len)[:, 0]
+                        span=span or self.max_seq_len)[:, 0]
         return self.logprobs(kernels, h, temperature)
 
     def logprobs(self, kernels: SideKernels, hidden: Tensor, temperature: float) -> Tensor:

@@ -70,3 +70,26 @@ def test_batch_invariant_on_cuda_at_full_vocabulary() -> None:
     batch_sum = p.sum(-1)
     row_sums = torch.cat([p[i:i + 1].sum(-1) for i in range(b)])
     print(f"float32 row sums differing batch vs alone: {int((batch_sum != row_sums).sum())}/{b}")
+
+
+def test_processed_logprob_renormalizes_over_the_samplers_nucleus() -> None:
+    """``sampling=processed`` (factors.py): the logprob over the nucleus the sampler accepts
+    from, a row's value independent of its batch, ties at the edge kept together."""
+    from pytest_rlkernel_matrix.workload.factors import processed_selected
+
+    lp, u = _rows(8, 32, 3000, 1.0), torch.rand(32, generator=torch.Generator().manual_seed(9))
+    tok = sampling.sample_top_p(lp, 0.9, u)
+    got = processed_selected(lp, tok, 0.9)
+    alone = torch.cat([processed_selected(lp[i:i + 1], tok[i:i + 1], 0.9) for i in range(32)])
+    assert torch.equal(got, alone)
+    p = lp.double().exp()  # the sorted rule in float64: close to the fixed-point sums
+    sp = p.sort(-1, descending=True).values
+    z = (sp * ((sp.cumsum(-1) - sp) < 0.9)).sum(-1)
+    want = lp.gather(-1, tok[:, None])[:, 0].double() - z.log()
+    assert float((got.double() - want).abs().max()) < 1e-6
+    assert torch.all(got > lp.gather(-1, tok[:, None])[:, 0]) and torch.all(got <= 0)
+    # a 0.3 / 0.3 tie at the edge of top_p = 0.5 (0.4 above both): both kept, so Z = 1 and
+    # the processed probability of a tied token is its raw 0.3 (a float cumsum cut gives 0.3/0.7)
+    tied = torch.tensor([[0.4, 0.3, 0.3]]).log()
+    assert abs(float(processed_selected(tied, torch.tensor([2]), 0.5).exp()) - 0.3) < 1e-6
+    assert abs(float(processed_selected(tied, torch.tensor([0]), 1.0).exp()) - 0.4) < 1e-6

@@ -1,0 +1,138 @@
+"""P's rollout decode step as vLLM runs it in production: native ops compiled by Inductor.
+
+vLLM (V1) compiles the model's forward with ``torch.compile`` and replays CUDA graphs of the
+compiled code; with Inductor its RMSNorm, rotary embedding and SiluAndMul run their
+``forward_native`` torch code, which Inductor fuses into a few kernels. Eager, each of those
+native ops is its own kernel launch and its own round trip through memory. This module holds
+that native math once, as plain functions of tensors (no module state, no taps), so the eager P
+path and the compiled one are the same code:
+
+- ``rms_vllm``: cast to fp32, scale by ``rsqrt(mean(x^2) + eps)``, cast back, multiply by the
+  weight in the model dtype (vLLM's ``RMSNorm.forward_native``);
+- ``decode_attn_pre``: input norm, fused QKV projection, q/k norm and RoPE in the model dtype;
+- ``decode_ffn``: post-attention norm, fused gate/up projection, SiLU-and-mul, down projection;
+- ``decode_logp``: final norm, LM head, fp32 temperature-scaled log-softmax.
+
+``compiled(fn)`` is ``fn`` compiled (``fullgraph``, the batch dimension dynamic, so the decode
+graphs' batch buckets share one compile) on CUDA when ``RLK_REF_P_COMPILE=1``; the caller keeps
+the eager function on CPU, under a probe tap, or when the compile fails (``STATUS`` says which,
+and the run's manifest records it). It is opt-in: the compiled path has not yet run on a GPU
+(docs/benchmarks.md says what is measured), so the default P stays the measured eager one.
+The KV-cache write and the decode attention (masked SDPA over the keys in use) stay outside
+the compiled functions. R never comes here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+COMPILE = os.environ.get("RLK_REF_P_COMPILE", "0") == "1"
+# What the P rollout decode ran: "inductor" once a compiled function ran, "eager" with a reason.
+STATUS: dict[str, str] = {}
+_COMPILED: dict[str, Callable[..., Any]] = {}
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """RoPE's half rotation ``[-x2, x1]`` over the last dimension."""
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def rms_vllm(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """vLLM's native RMSNorm: fp32 statistics, cast back, then the weight in the model dtype."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y.to(x.dtype) * w
+
+
+def rope_vllm(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """vLLM's native rotary embedding in the model dtype; ``x [B, T, heads, D]``, ``cos``/``sin``
+    ``[B, T, D]`` fp32."""
+    c, s = cos[:, :, None].to(x.dtype), sin[:, :, None].to(x.dtype)
+    return x * c + rotate_half(x) * s
+
+
+def rope_megatron(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Megatron's fused rotary embedding: fp32 math, cast back to the model dtype."""
+    xf = x.float()
+    return (xf * cos[:, :, None] + rotate_half(xf) * sin[:, :, None]).to(x.dtype)
+
+
+def megatron_log_softmax(logits: Tensor, temperature: float) -> Tensor:
+    """Megatron-style: divide in the model dtype, then fp32 max / exp-sum / log."""
+    lf = logits.div(temperature).float()
+    shifted = lf - lf.amax(-1, keepdim=True)
+    return shifted - torch.log(shifted.exp().sum(-1, keepdim=True))
+
+
+def decode_attn_pre(x: Tensor, in_w: Tensor, wqkv: Tensor, qn_w: Tensor, kn_w: Tensor,
+                    cos: Tensor, sin: Tensor, eps: float, hq: int, hkv: int,
+                    d: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``x [B, T, H]`` -> RoPE'd ``q [B, T, Hq, D]``, ``k``/``v [B, T, Hkv, D]`` (vLLM native)."""
+    b, t, _ = x.shape
+    qkv = F.linear(rms_vllm(x, in_w, eps), wqkv)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q = rms_vllm(q.reshape(b, t, hq, d), qn_w, eps)
+    k = rms_vllm(k.reshape(b, t, hkv, d), kn_w, eps)
+    return rope_vllm(q, cos, sin), rope_vllm(k, cos, sin), v.reshape(b, t, hkv, d)
+
+
+def decode_ffn(x: Tensor, post_w: Tensor, wgu: Tensor, wd: Tensor, eps: float,
+               inter: int) -> Tensor:
+    """vLLM's MLP: norm, fused gate/up, ``SiluAndMul`` in the model dtype, down projection."""
+    gu = F.linear(rms_vllm(x, post_w, eps), wgu)
+    return F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], wd)
+
+
+def decode_logp(h: Tensor, norm_w: Tensor, lm_head: Tensor, eps: float,
+                temperature: float) -> Tensor:
+    """fp32 log-probabilities ``[N, V]``: final norm, LM head, temperature, log-softmax."""
+    logits = F.linear(rms_vllm(h, norm_w, eps), lm_head)
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def use_compiled(x: Tensor) -> bool:
+    """Whether P's decode math runs compiled for an input on ``x``'s device."""
+    return COMPILE and x.is_cuda
+
+
+def compiled(fn: Callable[..., Any], batch_args: tuple[int, ...] = (0,)) -> Callable[..., Any]:
+    """``fn`` compiled by Inductor with a dynamic batch (dimension 0 of the tensor arguments at
+    ``batch_args``), built on first use; the eager ``fn`` when compiling fails (``STATUS``)."""
+    name = fn.__name__
+    found = _COMPILED.get(name)
+    if found is not None:
+        return found
+    comp = torch.compile(fn, fullgraph=True)
+
+    def run(*args: Any) -> Any:
+        if _COMPILED.get(name) is fn:  # an earlier compile failed: eager from then on
+            return fn(*args)
+        for i in batch_args:
+            if args[i].shape[0] > 1:
+                torch._dynamo.maybe_mark_dynamic(args[i], 0)
+        try:
+            out = comp(*args)
+        except Exception as exc:  # Inductor missing a compiler, an unsupported op, ...
+            STATUS[name] = f"eager: compile failed: {type(exc).__name__}: {str(exc)[:200]}"
+            _COMPILED[name] = fn
+            print(f"[rlk-reference] P decode {name}: {STATUS[name]}")
+            return fn(*args)
+        STATUS.setdefault(name, "inductor")
+        return out
+
+    _COMPILED[name] = run
+    return run
+
+
+def decode_mode() -> str:
+    """One line for the manifest: how P's rollout decode math ran in this process."""
+    if not STATUS:
+        return "eager" if not COMPILE else "not used"
+    return "; ".join(f"{k}: {v}" for k, v in sorted(STATUS.items()))
