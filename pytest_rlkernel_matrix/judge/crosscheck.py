@@ -4,8 +4,13 @@ records, and the `step N` records' runtime token exposure against the mismatch s
 
 - Hooks: every (side, module) a readback records must appear in that side's `installed_hooks`
   (merged over the side's processes, as RL-Kernel sums them), production modules included;
-  native Megatron logp (training logp P) must have none. RL-Kernel's messages: `{label} {module}
-  hook was not installed`, `{label} production logp unexpectedly installed an RL-Kernel hook`.
+  native Megatron logp (training logp P) must have none, and no readback record either (it runs
+  outside RL-Kernel's provider). Every other P module needs a record: without one nothing shows
+  it ran. RL-Kernel's messages: `{label} {module} hook was not installed`, `{label} {module} had
+  zero calls`, `{label} production logp unexpectedly installed an RL-Kernel hook`, `{label}
+  production logp unexpectedly entered provider readback`.
+- Samples: the merged sidecars hold `num_rollout` x `batching.global_batch_size` samples
+  (RL-Kernel: `sidecar samples {n} != expected {m}`).
 - Exposure: vime's `step N` records carry per-sample means over the step's global batch;
   `train/train_current_rollout_logprob_numel` x `batching.global_batch_size` (manifest.json),
   summed over the steps, is the number of active tokens the run compared, and must equal the
@@ -65,17 +70,28 @@ def hook_findings(modules: Iterable[str], letter_of: Callable[[str, str], str], 
         for side in SIDES:
             letter = letter_of(module, side)
             hook = hooks.get(side, {}).get(module)
+            got = recorded.get(side, {}).get(module)
+            files = ", ".join(getattr(got, "sources", [])[:2]) or "its readback"
             if side == "training" and module == "logp" and letter == "P":
                 if hook is not None:
                     contradictions.append(
                         f"logp training: native (production) Megatron logp installed an RL-Kernel "
                         f"hook ({hook[:120]}): production logp unexpectedly installed an "
                         "RL-Kernel hook")
+                if got is not None:
+                    contradictions.append(
+                        f"logp training: native (production) Megatron logp has a readback record "
+                        f"({files}), but it runs outside RL-Kernel's provider: production logp "
+                        "unexpectedly entered provider readback")
                 continue
-            got = recorded.get(side, {}).get(module)
-            if got is None or hook is not None:
+            if got is None:
+                if letter == "P":  # R without a record: verdict's "R route unproven"
+                    unproven.append(
+                        f"{module} {side}: P requested but no readback records the module "
+                        f"(RL-Kernel: {module} had zero calls): P route unproven")
                 continue
-            files = ", ".join(getattr(got, "sources", [])[:2]) or "its readback"
+            if hook is not None:
+                continue
             unproven.append(
                 f"{module} {side}: {module} hook was not installed (the readback records the "
                 f"module as {getattr(got, 'implementation', None)}, but installed_hooks of "
@@ -93,6 +109,8 @@ class Exposure:
     per_sample_numel: dict[int, float] = field(default_factory=dict)
     exposure: int | None = None
     sidecar_tokens: int | None = None
+    sidecar_samples: int | None = None
+    expected_samples: int | None = None  # num_rollout x global_batch_size (manifest.json)
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -122,12 +140,40 @@ def _batch_size(manifest: Mapping[str, Any] | None, ex: Exposure) -> int | None:
     return value
 
 
+def _sample_count(ex: Exposure, manifest: Mapping[str, Any] | None) -> None:
+    """RL-Kernel's `sidecar samples {n} != expected {m}`: the merged sidecars hold one sample per
+    rollout step and global-batch sample (`num_rollout` x `batching.global_batch_size`)."""
+    rounds = (manifest or {}).get("num_rollout")
+    batching = (manifest or {}).get("batching")
+    gbs = batching.get("global_batch_size") if isinstance(batching, Mapping) else None
+    if ex.sidecar_samples is None or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rounds, gbs)):
+        return
+    ex.expected_samples = rounds * gbs
+    if ex.sidecar_samples != ex.expected_samples:
+        ex.reasons.append(
+            f"sidecar samples {ex.sidecar_samples} != expected {ex.expected_samples}: the "
+            f"mismatch sidecars hold {ex.sidecar_samples} samples, manifest.json says "
+            f"num_rollout {rounds} x batching.global_batch_size {gbs}")
+
+
 def runtime_exposure(step_records: Iterable[tuple[int, Mapping[str, Any]]],
                      manifest: Mapping[str, Any] | None, sidecar_tokens: int | None,
-                     source: str | None) -> Exposure:
+                     source: str | None, sidecar_samples: int | None = None) -> Exposure:
     """Judge the step records' exposure against `sidecar_tokens` (the merged sidecars' active
-    tokens). Reasons fail the semantic judgement; notes are only recorded (no step record with
-    a token count, no global_batch_size, no sidecars: nothing to cross-check)."""
+    tokens) and the sidecars' sample count against the manifest. Reasons fail the semantic
+    judgement; notes are only recorded (no step record with a token count, no
+    global_batch_size, no sidecars: nothing to cross-check)."""
+    ex = _exposure(step_records, manifest, sidecar_tokens, source)
+    if source == "mismatch-sidecars":
+        ex.sidecar_samples = sidecar_samples
+        _sample_count(ex, manifest)
+    return ex
+
+
+def _exposure(step_records: Iterable[tuple[int, Mapping[str, Any]]],
+              manifest: Mapping[str, Any] | None, sidecar_tokens: int | None,
+              source: str | None) -> Exposure:
     ex = Exposure(sidecar_tokens=sidecar_tokens if source == "mismatch-sidecars" else None)
     records: dict[int, Mapping[str, Any]] = {}
     for step, rec in step_records:

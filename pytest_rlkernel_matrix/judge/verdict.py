@@ -311,7 +311,8 @@ def exposure_of(ev: Evidence) -> Exposure:
     """The step records' runtime token exposure against the sidecars (judge/crosscheck.py)."""
     m = ev.metrics
     return runtime_exposure(ev.log.records.get("step", []), ev.manifest,
-                            None if m is None else m.active_token_count, ev.logprob_source)
+                            None if m is None else m.active_token_count, ev.logprob_source,
+                            None if m is None else m.sample_count)
 
 
 def _judge_ranks(ev: Evidence, sem: Judgement) -> None:

@@ -197,3 +197,54 @@ def test_mode_off_does_not_ask_for_hooks(tmp_path: Path) -> None:
     k.write_meta()
     rec = k.analyze()
     assert "attention hook was not installed" not in " ".join(rec["reasons"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The gaps closed after issue 20: samples, P modules without a record, native logp's record.
+
+
+def test_sidecar_samples_equal_num_rollout_times_batch(tmp_path: Path) -> None:
+    ex = exposure_cell(tmp_path).analyze()["runtime_exposure"]
+    assert (ex["sidecar_samples"], ex["expected_samples"]) == (4, 4)
+
+
+def test_sidecar_samples_short_of_the_manifest_is_a_reason(tmp_path: Path) -> None:
+    """RL-Kernel's `sidecar samples {n} != expected {m}` (upstream20.md section 5)."""
+    rec = exposure_cell(tmp_path, numels=(11.5, 16.0, 0.5), rounds=3).analyze()
+    assert rec["verdict"] == "incomparable"
+    assert ("sidecar samples 4 != expected 6: the mismatch sidecars hold 4 samples, "
+            "manifest.json says num_rollout 3 x batching.global_batch_size 2") in rec["reasons"]
+
+
+def test_a_p_module_without_a_record_is_an_error(tmp_path: Path) -> None:
+    """RL-Kernel's validator asks every production module but native Megatron logp for a hook
+    and calls (`{label} {module} had zero calls`): a P module no readback records is unproven."""
+    k = hooked_cell(tmp_path, case="P/R")
+
+    def gone(d: dict[str, Any]) -> None:
+        d["operators"].pop("attention")
+        d["installed_hooks"].pop("attention")
+    k.edit_readback("training", gone)
+    rec = k.analyze()
+    assert rec["verdict"] == "error"
+    assert rec["reasons"] == [
+        "attention training: P requested but no readback records the module (RL-Kernel: "
+        "attention had zero calls): P route unproven"]
+
+
+def test_native_logp_with_a_readback_record_is_incomparable(tmp_path: Path) -> None:
+    """Native Megatron logp runs outside RL-Kernel's provider: a record of it contradicts the
+    route (`{label} production logp unexpectedly entered provider readback`)."""
+    k = hooked_cell(tmp_path, module="logp", case="P/R")
+
+    def recorded(d: dict[str, Any]) -> None:  # no hook, but a production record
+        d["installed_hooks"].pop("logp", None)
+        d["operators"]["logp"] = dict(d["operators"]["ffn"], module="logp",
+                                      implementation="production",
+                                      backend_id="megatron.production.logp")
+    k.edit_readback("training", recorded)
+    k.log(f"[time] ppo_utils.py:88 - {NATIVE}")
+    rec = k.analyze()
+    assert rec["verdict"] == "incomparable"
+    assert any(r.endswith("production logp unexpectedly entered provider readback")
+               for r in rec["reasons"]), rec["reasons"]
