@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.judge import preload
 from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, build_report
 from pytest_rlkernel_matrix.report.record import (
     CELL_RUN_FILE,
@@ -414,6 +415,7 @@ class MatrixSession:
         a Slurm job runs on a compute node this process cannot sample, so its run directory gets
         no `contamination.json` and its timings are "not measured" (fail closed)."""
         start = time.perf_counter()
+        preload.start()  # the analysis' imports, while the cell's process runs (once per process)
         try:
             if self.matrix.runner.launcher != "local":
                 outcome = self.launcher.wait(job)
@@ -564,7 +566,7 @@ class MatrixSession:
         start = time.perf_counter()
         self.write_json(run_dir / CELL_RUN_FILE, meta)
         spent = {"env_s": 0.0, "launch_wait_s": 0.0, **self.timings.pop(str(run_dir), {}),
-                 "record_write_s": time.perf_counter() - start}
+                 "record_write_s": time.perf_counter() - start, "import_wait_s": preload.join()}
         meta["overhead"] = {k: round(v, 6) for k, v in spent.items()}
         self.write_json(run_dir / CELL_RUN_FILE, meta)  # cell-run.json's first write: timed
         record = self._analyze(run_dir, cell)

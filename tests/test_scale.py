@@ -287,11 +287,11 @@ def test_records_carry_the_plugin_overhead(pytester: pytest.Pytester, make_matri
     cells = json.loads((root / "matrix-report.json").read_text())["cells"]
     (rec,) = cells
     parts = rec["overhead"]
-    for key in ("env_s", "launch_wait_s", "record_write_s", "evidence_s", "verdict_s",
-                "record_s"):
+    named_parts = ("env_s", "launch_wait_s", "record_write_s", "import_wait_s", "evidence_s",
+                   "verdict_s", "record_s")
+    for key in named_parts:
         assert isinstance(parts[key], float) and parts[key] >= 0, key
-    named = sum(parts[k] for k in ("env_s", "launch_wait_s", "record_write_s", "evidence_s",
-                                   "verdict_s", "record_s"))
+    named = sum(parts[k] for k in named_parts)
     assert rec["overhead_s"] == pytest.approx(named, abs=1e-5)
     assert parts["session_measured"] is True
     assert parts["cell_wall_s"] == pytest.approx(rec["process_wall_time"] + rec["overhead_s"],
@@ -299,7 +299,7 @@ def test_records_carry_the_plugin_overhead(pytester: pytest.Pytester, make_matri
     assert 0 <= parts["fraction"] < 1
     assert rec["overhead_s"] < parts["cell_wall_s"]
     meta = json.loads((root / rec["artifact_dir"] / "cell-run.json").read_text())
-    assert set(meta["overhead"]) == {"env_s", "launch_wait_s", "record_write_s"}
+    assert set(meta["overhead"]) == {"env_s", "launch_wait_s", "record_write_s", "import_wait_s"}
     # a re-analysis keeps the session's part and measures its own analysis
     again = json.loads(reanalyze(root, jobs=1, use_cache=False,
                                  progress=False).read_text())["cells"][0]
