@@ -342,3 +342,66 @@ def test_the_plugin_and_judge_do_not_import_torch_for_the_reader() -> None:
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['numpy']"  # evidence needs numpy; nothing imports torch
+
+
+# -- numpy arrays instead of tensors (`load_arrays`: what the sidecar reader uses) -------------
+
+def _as_numpy(t: torch.Tensor) -> Any:
+    from pytest_rlkernel_matrix.judge.sidecars import float_array
+
+    return float_array(t, "x") if t.dim() == 1 else (
+        t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
+
+
+def test_numpy_arrays_hold_torch_s_values_bit_for_bit() -> None:
+    import numpy as np
+
+    from pytest_rlkernel_matrix.judge.sidecars import float_array
+
+    base = torch.arange(12, dtype=torch.float32)
+    every16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    tensors = [every16.view(torch.bfloat16), base[2:9],
+               base.view(3, 4).t(), base[:0], torch.tensor(3.5), torch.zeros(0, 3),
+               torch.tensor([True, False]), torch.arange(4, dtype=torch.int64),
+               torch.arange(4, dtype=torch.uint8), torch.randn(3, dtype=torch.float64)]
+    raw = _saved({"t": tensors, "n": 3})
+    got = ptread.load_arrays(raw, "x.pt")
+    assert got is not None and got["n"] == 3
+    for a, t in zip(got["t"], tensors, strict=True):
+        assert type(a) is np.ndarray and not a.flags.writeable
+        want = _as_numpy(t)
+        assert a.shape == want.shape and a.dtype == want.dtype
+        # every bf16 bit pattern, NaN payloads included, widens as torch's .float() does
+        arr = float_array(a, "x") if a.ndim == 1 else a
+        assert arr.tobytes() == want.tobytes() and (a.strides == want.strides or not a.size)
+    # float16 (torch's widening of a signalling NaN depends on its loop) and what the fast
+    # path does not read at all: the torch way
+    assert ptread.load_arrays(_saved({"h": torch.zeros(2, dtype=torch.float16)})) is None
+    assert ptread.load_arrays(_saved({"c": torch.zeros(2, dtype=torch.complex64)})) is None
+    assert ptread.load_arrays(b"not a zip") is None
+
+
+def test_a_sidecar_read_as_arrays_gives_the_shards_tensors_give(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge import evidence
+    from pytest_rlkernel_matrix.judge.sidecars import read_sidecar
+
+    side = tmp_path / "mismatch-sidecars"
+    side.mkdir()
+    good = dict(_SIDECAR, train_log_probs=[t.to(torch.bfloat16) for t in
+                                           _SIDECAR["train_log_probs"]])
+    bad = dict(_SIDECAR, rank=torch.tensor([1, 2]), run_id=torch.tensor(5))
+    for name, obj in (("rank00001.call00000007.pt", good), ("rank00002.call00000007.pt", bad)):
+        (side / name).write_bytes(_saved(obj))
+    with evidence.pt_memo():
+        problems: list[str] = []
+        loaded = evidence._load_sidecar(side / "rank00001.call00000007.pt", tmp_path, problems)
+        assert loaded is not None and not problems
+        assert type(loaded[0]["train_log_probs"][0]).__module__ == "numpy"
+        fast = evidence.sidecar_shards(loaded[0], "mismatch-sidecars/x.pt")
+        # a sidecar the arrays do not read as one is read the torch way: torch's words
+        other = evidence._load_sidecar(side / "rank00002.call00000007.pt", tmp_path, problems)
+        assert other is not None and isinstance(other[0]["rank"], torch.Tensor)
+    slow = read_sidecar(_torch(_saved(good)), "mismatch-sidecars/x.pt")[1]
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow, strict=True):
+        assert not a.same_as(b) and a.key == b.key and a.offsets.tolist() == b.offsets.tolist()

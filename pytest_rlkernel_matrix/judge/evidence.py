@@ -29,6 +29,7 @@ from pytest_rlkernel_matrix.judge import ptread
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
 from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
 from pytest_rlkernel_matrix.judge.sidecars import (
+    LIST_FIELDS,
     Shard,
     SidecarError,
     SidecarInfo,
@@ -284,6 +285,67 @@ def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any
     return loaded
 
 
+def _load_sidecar(path: Path, root: Path, problems: list[str],
+                  ) -> tuple[dict[str, Any], str] | None:
+    """`_load_pt` of a sidecar. Inside `pt_memo()` the fast path's numpy arrays are kept
+    (`ptread.load_arrays`: no torch) where the file reads as a sidecar from them: arrays only
+    as items of its sample lists, and `read_sidecar` accepts it (its outcome remembered).
+    Those give `read_sidecar` and `float_array` the values torch's tensors give. Any other
+    file is read again from the same bytes the torch way, so what is said about it (a
+    refusal's wording included) is what the torch tensors make of it."""
+    memo = getattr(_LOCAL, "memo", None)
+    if memo is None:
+        return _load_pt(path, root, problems)
+    key = (str(path), str(root))
+    if key not in memo:
+        said: list[str] = []
+        memo[key] = (_read_sidecar_file(path, root, said, memo), said)
+    loaded, said = memo[key]
+    problems.extend(said)
+    return loaded
+
+
+def _arrays_only_in_lists(data: dict[str, Any]) -> bool:
+    for k, v in data.items():
+        if k in LIST_FIELDS and type(v) in (list, tuple):
+            if not all(type(x) is np.ndarray or not _holds_array(x) for x in v):
+                return False
+        elif _holds_array(v):
+            return False
+    return True
+
+
+def _holds_array(v: Any) -> bool:
+    if isinstance(v, np.ndarray):
+        return True
+    if isinstance(v, dict):
+        return any(_holds_array(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_holds_array(x) for x in v)
+    return False
+
+
+def _read_sidecar_file(path: Path, root: Path, problems: list[str], memo: dict[Any, Any],
+                       ) -> tuple[dict[str, Any], str] | None:
+    try:
+        raw = read_bytes(path, root, MAX_PT_BYTES)
+    except Refused as exc:
+        problems.append(str(exc))
+        return None
+    digest = hashlib.sha256(raw).hexdigest()
+    data = ptread.load_arrays(raw, path.name)
+    if isinstance(data, dict) and _arrays_only_in_lists(data):
+        try:
+            done = read_sidecar(data, f"{path.parent.name}/{path.name}")
+        except Exception:  # the torch way below says what is wrong, in its words
+            pass
+        else:
+            memo[("sidecar", id(data))] = (data, done, None)
+            return data, digest
+    data = ptread.pt_dict(raw, path.name, problems)
+    return None if data is None else (data, digest)
+
+
 def _read_sidecar_once(data: dict[str, Any], file: str) -> tuple[SidecarInfo, list[Shard]]:
     """`read_sidecar`, once per loaded object inside `pt_memo()` (its outcome, an exception
     included, is remembered with the object); the shards name `file`."""
@@ -324,7 +386,7 @@ def _renumber(samples: Iterable[Sample]) -> list[Sample]:
 
 
 def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard]) -> None:
-    loaded = _load_pt(path, ev.root, ev.problems)
+    loaded = _load_sidecar(path, ev.root, ev.problems)
     if loaded is None:
         return
     data, digest = loaded
