@@ -27,9 +27,18 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge import ptread
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
-from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
+from pytest_rlkernel_matrix.judge.metrics import (
+    DriftMetrics,
+    PartSums,
+    Sample,
+    SampleCounts,
+    compute,
+    part_sums,
+    sample_counts,
+)
 from pytest_rlkernel_matrix.judge.sidecars import (
     LIST_FIELDS,
+    Merged,
     Shard,
     SidecarError,
     SidecarInfo,
@@ -450,13 +459,68 @@ def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
     samples.extend(found)
 
 
+@dataclass
+class StepInputs:
+    """What the per-step series (`judge.steps`) needs of a cell whose sidecars read cleanly,
+    from the cell's own merge: per call, its samples' `sample_counts` and its parts'
+    `part_sums` in the order a merge of that call's sidecars alone sums them."""
+
+    files: set[str]
+    calls: list[int]
+    samples: dict[int, list[SampleCounts]]
+    sums: dict[int, list[PartSums]]
+
+
+def _keep_for_steps(ev: Evidence, files: list[Path], merged: Merged,
+                    sums: list[PartSums]) -> None:
+    """Inside `pt_memo()`, keep the cell's merge for the per-step series where a merge per
+    call (what `steps.read_steps` does) gives the same samples and parts: every sidecar read,
+    no merge problem, names `rank<r>.call<c>.pt` agreeing with the contents, one file per
+    (call, rank), each call's files listed in rank order, one CP size (CP shards disjoint)
+    and one train and one rollout dtype (a call's dtypes are the cell's). Else nothing is
+    kept and the steps merge call by call."""
+    memo = getattr(_LOCAL, "memo", None)
+    rows = ev.rank_files
+    if memo is None or merged.problems or len(rows) != len(files):
+        return
+    if any(r["name_call"] is None or r["name_call"] != r["call"] for r in rows):
+        return
+    if len({(r["name_call"], r["name_rank"]) for r in rows}) != len(rows):
+        return
+    if len({r["cp"] for r in rows}) != 1:
+        return
+    last: dict[int, int] = {}
+    for r in rows:
+        if last.get(r["call"], -1) >= r["name_rank"]:
+            return
+        last[r["call"]] = r["name_rank"]
+    if (len({s.train.dtype for s in merged.samples}) > 1
+            or len({s.rollout.dtype for s in merged.samples}) > 1):
+        return
+    keep = StepInputs({str(p) for p in files}, sorted(last), {}, {})
+    for sample, counts in zip(merged.samples, sample_counts(merged.samples), strict=True):
+        keep.samples.setdefault(sample.call, []).append(counts)
+    for call, part in zip(merged.part_calls, sums, strict=True):
+        keep.sums.setdefault(call, []).append(part)
+    memo[("steps", str(ev.root))] = keep
+
+
+def step_inputs(root: Path, files: Iterable[Path]) -> StepInputs | None:
+    """The `StepInputs` this analysis kept for `root`, if its sidecars are `files`."""
+    memo = getattr(_LOCAL, "memo", None)
+    keep = None if memo is None else memo.get(("steps", str(root)))
+    return keep if keep is not None and keep.files == {str(p) for p in files} else None
+
+
 def _read_logprobs(ev: Evidence) -> None:
+    said = len(ev.problems)
     files: list[Path] = []
     for sub in SIDECAR_DIRS:
         files.extend(listing(ev.root / sub, "*.pt", ev.root, ev.problems))
     samples: list[Sample] = []
     ranks: set[int] = set()
     parts: list[tuple[np.ndarray, np.ndarray]] | None = None
+    merged: Merged | None = None
     if files:
         ev.logprob_source = "mismatch-sidecars"
         shards: list[Shard] = []
@@ -474,7 +538,10 @@ def _read_logprobs(ev: Evidence) -> None:
     if ev.logprob_source is not None:
         try:
             ev.samples = _renumber(samples)
-            ev.metrics = compute(ev.samples, parts)
+            sums = None if parts is None else part_sums(parts)
+            ev.metrics = compute(ev.samples, parts, sums=sums)
+            if merged is not None and sums is not None and len(ev.problems) == said:
+                _keep_for_steps(ev, files, merged, sums)
         except (ValueError, TypeError, MemoryError) as exc:
             ev.problems.append(f"logprob metrics: {type(exc).__name__}: {str(exc)[:200]}")
         if ev.metrics is not None:  # ranks whose sidecars were read (TP replicas included)

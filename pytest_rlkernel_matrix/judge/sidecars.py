@@ -204,6 +204,7 @@ class Merged:
 
     samples: list[Sample] = field(default_factory=list)
     parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    part_calls: list[int] = field(default_factory=list)  # each part's call index
     problems: list[str] = field(default_factory=list)
 
 
@@ -233,6 +234,7 @@ def merge(shards: Sequence[Shard]) -> Merged:
             continue
         groups.setdefault((sh.dp, sh.call, sh.index), []).append(sh)
         out.parts.append((sh.train[sh.mask], sh.rollout[sh.mask]))
+        out.part_calls.append(sh.call)
     for (dp, call, index), parts in sorted(groups.items()):
         cp = max(p.cp for p in parts)
         got = sorted({p.cp_rank for p in parts})
