@@ -113,3 +113,30 @@ def test_pooled_figures_from_part_sums_are_the_figures_of_the_parts(tmp_path: Pa
     assert got is not None and got[0] == 1137
     parts.append((np.array([np.inf]), np.array([0.0])))
     assert pooled_figures(parts) is None
+
+
+def test_the_weight_chain_reads_what_the_evidence_parsed_and_the_rest_itself(
+        tmp_path: Path) -> None:
+    _write(tmp_path, 2)
+    audit = tmp_path / "weight-audit"
+    (audit / "rollout").mkdir(parents=True)
+    for v in range(3):
+        body = {"version": str(v), "scope": "all_exported_parameters", "sha256": f"{v:064x}",
+                "tensor_count": 0, "tensors": {}}
+        (audit / f"{v}.json").write_text(json.dumps(body))
+        (audit / "rollout" / f"{v}.json").write_text(json.dumps(dict(
+            body, scope="rollout_loaded_parameters")))
+    # json.loads(bytes) reads these, a UTF-8 decode does not (or not the same way)
+    (audit / "rollout" / "0.json").write_bytes(b"\xef\xbb\xbf" + (
+        audit / "rollout" / "0.json").read_bytes())
+    (audit / "2.json").write_text((audit / "2.json").read_text(), encoding="utf-16")
+    (audit / "rollout" / "1.json").write_bytes(b"{not json")
+    with evidence.pt_memo():
+        evidence.read_evidence(tmp_path)
+        assert len(evidence.parsed_audits(tmp_path)) == 3
+        problems: list[str] = []
+        inside = steps.weight_chain(tmp_path, problems)
+    alone_problems: list[str] = []
+    assert inside == steps.weight_chain(tmp_path, alone_problems)
+    assert problems == alone_problems and len(problems) == 1
+    assert inside["0"]["rollout"] == f"{0:064x}" and "training" in inside["2"]

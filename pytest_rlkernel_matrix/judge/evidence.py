@@ -505,6 +505,12 @@ def _keep_for_steps(ev: Evidence, files: list[Path], merged: Merged,
     memo[("steps", str(ev.root))] = keep
 
 
+def parsed_audits(root: Path) -> dict[str, Any]:
+    """{path: JSON value} of the weight audits this analysis read under `root` (`_load`)."""
+    memo = getattr(_LOCAL, "memo", None)
+    return (None if memo is None else memo.get(("audits", str(root)))) or {}
+
+
 def step_inputs(root: Path, files: Iterable[Path]) -> StepInputs | None:
     """The `StepInputs` this analysis kept for `root`, if its sidecars are `files`."""
     memo = getattr(_LOCAL, "memo", None)
@@ -552,7 +558,11 @@ def _read_logprobs(ev: Evidence) -> None:
 
 def _read_weight_audit(ev: Evidence) -> None:
     from_readbacks = ev.weight_audit.rollout_readback_versions
-    ev.weight_audit = read_weight_audits(ev.root, ev.problems)
+    memo = getattr(_LOCAL, "memo", None)
+    keep: dict[str, Any] | None = None if memo is None else {}
+    ev.weight_audit = read_weight_audits(ev.root, ev.problems, keep)
+    if memo is not None:  # the per-step weight chain reads the same files: parsed once
+        memo[("audits", str(ev.root))] = keep
     ev.weight_audit.rollout_readback_versions = from_readbacks
     for version, sha in ev.weight_audit.training.items():
         ev.weight_versions.setdefault(version, {})["training"] = sha

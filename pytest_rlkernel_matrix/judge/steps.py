@@ -186,10 +186,13 @@ def read_steps(root: Path) -> Steps:
 def weight_chain(root: Path, problems: list[str]) -> dict[str, dict[str, str]]:
     """version -> {"training": sha256, "rollout": sha256} from the per-version audits."""
     chain: dict[str, dict[str, str]] = {}
+    parsed = _ev.parsed_audits(root)  # what the evidence parsed of the same files
     for side, sub in (("training", "weight-audit"), ("rollout", "weight-audit/rollout")):
         for path in listing(root / sub, "*.json", root, problems):
+            data = parsed.get(str(path), parsed)
             try:
-                data = json.loads(read_bytes(path, root, MAX_JSON_BYTES))
+                if data is parsed:
+                    data = json.loads(read_bytes(path, root, MAX_JSON_BYTES))
             except (Refused, ValueError, UnicodeDecodeError) as exc:
                 problems.append(f"{sub}/{path.name}: unreadable: {exc}")
                 continue
