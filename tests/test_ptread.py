@@ -405,3 +405,81 @@ def test_a_sidecar_read_as_arrays_gives_the_shards_tensors_give(tmp_path: Path) 
     assert len(fast) == len(slow)
     for a, b in zip(fast, slow, strict=True):
         assert not a.same_as(b) and a.key == b.key and a.offsets.tolist() == b.offsets.tolist()
+
+
+def _scan_one_by_one(pkl: bytes) -> str | None:
+    """The opcode scan stepping through every opcode in Python (what `_scan` did before it
+    skipped runs of fixed-size ones with a regex): None, or the refusal."""
+    i, n = 0, len(pkl)
+    while i < n:
+        op = pkl[i]
+        size = ptread._OPCODES.get(op)
+        if size is None:
+            return f"data.pkl opcode {bytes([op])!r} at {i} is not one torch.save's pickler " \
+                   "writes for plain data and tensors"
+        i += 1
+        if size > 0:
+            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= n:
+                return f"data.pkl memo index at {i - 1} past the stream's size"
+            i += size
+        elif size == -4:
+            i += 4 + int.from_bytes(pkl[i:i + 4], "little")
+        elif size == -1:
+            i += 1 + pkl[i] if i < n else 1
+        elif size == -2:
+            first = pkl.find(b"\n", i)
+            i = pkl.find(b"\n", first + 1) + 1 if first >= 0 else 0
+            if i == 0:
+                return "data.pkl GLOBAL is not two lines"
+        elif op == 0x2E:
+            return None if i == n else "data.pkl has bytes after its STOP"
+    return "data.pkl has no STOP"
+
+
+def test_the_opcode_scan_refuses_what_a_scan_opcode_by_opcode_refuses() -> None:
+    import random
+
+    def scan(pkl: bytes) -> str | None:
+        try:
+            ptread._scan(pkl)
+        except ptread.Unsupported as exc:
+            return str(exc)
+        return None
+
+    rng = random.Random(5)
+    real = [_pkl(_saved(_SIDECAR)), _pkl(_saved({"a": [1, 2.5, "x" * 300, None, True],
+                                                   "b": list(range(300)), "c": 2**40}))]
+    alphabet = bytes(sorted(ptread._OPCODES)) + b"\x00\x01\xff\n"
+    cases = list(real)
+    for _ in range(3000):
+        base = bytearray(rng.choice(real))
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(base))
+            kind = rng.random()
+            if kind < 0.5:
+                base[at] = rng.choice(alphabet)
+            elif kind < 0.75:
+                del base[at:at + rng.randint(1, 9)]
+            else:
+                base[at:at] = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
+        cases.append(bytes(base))
+        cases.append(bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 40))))
+    said = [scan(c) for c in cases]
+    assert said == [_scan_one_by_one(c) for c in cases]
+    assert said[0] is None and said[1] is None and sum(s is None for s in said) > 2
+
+
+def test_a_global_without_its_lines_is_refused_not_scanned_for_ever() -> None:
+    """A GLOBAL after a newline, with no newline of its own: the scan once searched from the
+    stream's start for the second line and went round for ever (13 bytes hung a report)."""
+    import signal
+
+    pkl = b"\x80\x02X\x01\x00\x00\x00\nc" + b"abc"
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the scan does not end"))
+    signal.alarm(10)
+    try:
+        with pytest.raises(ptread.Unsupported, match="GLOBAL is not two lines"):
+            ptread._scan(pkl)
+        _refused(_rezip(_saved({"a": 1}), pkl), "GLOBAL is not two lines")
+    finally:
+        signal.alarm(0)

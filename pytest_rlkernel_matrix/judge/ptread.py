@@ -135,10 +135,11 @@ class _Tensor:
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if type(value) is not tuple or any(type(v) is not int or v < 0 or v >= _INT_LIMIT
-                                       for v in value):
-        raise Unsupported(f"tensor {what} is not a tuple of non-negative ints")
-    return value
+    if type(value) is tuple and (
+            (len(value) == 1 and type(value[0]) is int and 0 <= value[0] < _INT_LIMIT)
+            or all(type(v) is int and 0 <= v < _INT_LIMIT for v in value)):
+        return value
+    raise Unsupported(f"tensor {what} is not a tuple of non-negative ints")
 
 
 def _rebuild_tensor_v2(*args: Any) -> _Tensor:
@@ -159,7 +160,8 @@ def _rebuild_tensor_v2(*args: Any) -> _Tensor:
     if 0 in size:
         if offset > numel:
             raise Unsupported(f"tensor offset {offset} past its storage of {numel}")
-    elif offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) >= numel:
+    elif offset + ((size[0] - 1) * stride[0] if len(size) == 1 else sum(
+            (n - 1) * s for n, s in zip(size, stride, strict=True))) >= numel:
         raise Unsupported(f"tensor (offset {offset}, size {size}, stride {stride}) outside "
                           f"its storage of {numel} items")
     return _Tensor(args)
@@ -309,10 +311,22 @@ _OPCODES: dict[int, int] = {
 _ARGS = [_OPCODES.get(op) for op in range(256)]
 
 
+# A run of the opcodes above with a fixed-size argument, each taken whole, except STOP and
+# LONG_BINPUT (their checks are `_scan`'s): skipped in C, `_scan` steps through the rest.
+_FIXED = re.compile(b"(?:" + b"|".join(
+    b"[" + re.escape(bytes(ops)) + b"]" + (b".{%d}" % size if size else b"")
+    for size in (0, 1, 2, 4, 8)
+    if (ops := [op for op, n in _OPCODES.items() if n == size and op not in (0x2E, 0x72)])
+) + b")*", re.DOTALL)
+
+
 def _scan(pkl: bytes) -> None:
     """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past the stream's size."""
-    i, n, args = 0, len(pkl), _ARGS
+    i, n, args, skip = 0, len(pkl), _ARGS, _FIXED.match
     while i < n:
+        i = skip(pkl, i).end()
+        if i >= n:
+            break
         op = pkl[i]
         size = args[op]
         if size is None:
@@ -327,8 +341,9 @@ def _scan(pkl: bytes) -> None:
             i += 4 + int.from_bytes(pkl[i:i + 4], "little")
         elif size == -1:
             i += 1 + pkl[i] if i < n else 1
-        elif size == -2:
-            i = pkl.find(b"\n", pkl.find(b"\n", i) + 1) + 1
+        elif size == -2:  # (a second line searched from 0 once looped back: for ever)
+            first = pkl.find(b"\n", i)
+            i = pkl.find(b"\n", first + 1) + 1 if first >= 0 else 0
             if i == 0:
                 raise Unsupported("data.pkl GLOBAL is not two lines")
         elif op == 0x2E:  # STOP
