@@ -342,3 +342,144 @@ def test_the_plugin_and_judge_do_not_import_torch_for_the_reader() -> None:
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['numpy']"  # evidence needs numpy; nothing imports torch
+
+
+# -- numpy arrays instead of tensors (`load_arrays`: what the sidecar reader uses) -------------
+
+def _as_numpy(t: torch.Tensor) -> Any:
+    from pytest_rlkernel_matrix.judge.sidecars import float_array
+
+    return float_array(t, "x") if t.dim() == 1 else (
+        t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
+
+
+def test_numpy_arrays_hold_torch_s_values_bit_for_bit() -> None:
+    import numpy as np
+
+    from pytest_rlkernel_matrix.judge.sidecars import float_array
+
+    base = torch.arange(12, dtype=torch.float32)
+    every16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    tensors = [every16.view(torch.bfloat16), base[2:9],
+               base.view(3, 4).t(), base[:0], torch.tensor(3.5), torch.zeros(0, 3),
+               torch.tensor([True, False]), torch.arange(4, dtype=torch.int64),
+               torch.arange(4, dtype=torch.uint8), torch.randn(3, dtype=torch.float64)]
+    raw = _saved({"t": tensors, "n": 3})
+    got = ptread.load_arrays(raw, "x.pt")
+    assert got is not None and got["n"] == 3
+    for a, t in zip(got["t"], tensors, strict=True):
+        assert type(a) is np.ndarray and not a.flags.writeable
+        want = _as_numpy(t)
+        assert a.shape == want.shape and a.dtype == want.dtype
+        # every bf16 bit pattern, NaN payloads included, widens as torch's .float() does
+        arr = float_array(a, "x") if a.ndim == 1 else a
+        assert arr.tobytes() == want.tobytes() and (a.strides == want.strides or not a.size)
+    # float16 (torch's widening of a signalling NaN depends on its loop) and what the fast
+    # path does not read at all: the torch way
+    assert ptread.load_arrays(_saved({"h": torch.zeros(2, dtype=torch.float16)})) is None
+    assert ptread.load_arrays(_saved({"c": torch.zeros(2, dtype=torch.complex64)})) is None
+    assert ptread.load_arrays(b"not a zip") is None
+
+
+def test_a_sidecar_read_as_arrays_gives_the_shards_tensors_give(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge import evidence
+    from pytest_rlkernel_matrix.judge.sidecars import read_sidecar
+
+    side = tmp_path / "mismatch-sidecars"
+    side.mkdir()
+    good = dict(_SIDECAR, train_log_probs=[t.to(torch.bfloat16) for t in
+                                           _SIDECAR["train_log_probs"]])
+    bad = dict(_SIDECAR, rank=torch.tensor([1, 2]), run_id=torch.tensor(5))
+    for name, obj in (("rank00001.call00000007.pt", good), ("rank00002.call00000007.pt", bad)):
+        (side / name).write_bytes(_saved(obj))
+    with evidence.pt_memo():
+        problems: list[str] = []
+        loaded = evidence._load_sidecar(side / "rank00001.call00000007.pt", tmp_path, problems)
+        assert loaded is not None and not problems
+        assert type(loaded[0]["train_log_probs"][0]).__module__ == "numpy"
+        fast = evidence.sidecar_shards(loaded[0], "mismatch-sidecars/x.pt")
+        # a sidecar the arrays do not read as one is read the torch way: torch's words
+        other = evidence._load_sidecar(side / "rank00002.call00000007.pt", tmp_path, problems)
+        assert other is not None and isinstance(other[0]["rank"], torch.Tensor)
+    slow = read_sidecar(_torch(_saved(good)), "mismatch-sidecars/x.pt")[1]
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow, strict=True):
+        assert not a.same_as(b) and a.key == b.key and a.offsets.tolist() == b.offsets.tolist()
+
+
+def _scan_one_by_one(pkl: bytes) -> str | None:
+    """The opcode scan stepping through every opcode in Python (what `_scan` did before it
+    skipped runs of fixed-size ones with a regex): None, or the refusal."""
+    i, n = 0, len(pkl)
+    while i < n:
+        op = pkl[i]
+        size = ptread._OPCODES.get(op)
+        if size is None:
+            return f"data.pkl opcode {bytes([op])!r} at {i} is not one torch.save's pickler " \
+                   "writes for plain data and tensors"
+        i += 1
+        if size > 0:
+            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= n:
+                return f"data.pkl memo index at {i - 1} past the stream's size"
+            i += size
+        elif size == -4:
+            i += 4 + int.from_bytes(pkl[i:i + 4], "little")
+        elif size == -1:
+            i += 1 + pkl[i] if i < n else 1
+        elif size == -2:
+            first = pkl.find(b"\n", i)
+            i = pkl.find(b"\n", first + 1) + 1 if first >= 0 else 0
+            if i == 0:
+                return "data.pkl GLOBAL is not two lines"
+        elif op == 0x2E:
+            return None if i == n else "data.pkl has bytes after its STOP"
+    return "data.pkl has no STOP"
+
+
+def test_the_opcode_scan_refuses_what_a_scan_opcode_by_opcode_refuses() -> None:
+    import random
+
+    def scan(pkl: bytes) -> str | None:
+        try:
+            ptread._scan(pkl)
+        except ptread.Unsupported as exc:
+            return str(exc)
+        return None
+
+    rng = random.Random(5)
+    real = [_pkl(_saved(_SIDECAR)), _pkl(_saved({"a": [1, 2.5, "x" * 300, None, True],
+                                                   "b": list(range(300)), "c": 2**40}))]
+    alphabet = bytes(sorted(ptread._OPCODES)) + b"\x00\x01\xff\n"
+    cases = list(real)
+    for _ in range(3000):
+        base = bytearray(rng.choice(real))
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(base))
+            kind = rng.random()
+            if kind < 0.5:
+                base[at] = rng.choice(alphabet)
+            elif kind < 0.75:
+                del base[at:at + rng.randint(1, 9)]
+            else:
+                base[at:at] = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
+        cases.append(bytes(base))
+        cases.append(bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 40))))
+    said = [scan(c) for c in cases]
+    assert said == [_scan_one_by_one(c) for c in cases]
+    assert said[0] is None and said[1] is None and sum(s is None for s in said) > 2
+
+
+def test_a_global_without_its_lines_is_refused_not_scanned_for_ever() -> None:
+    """A GLOBAL after a newline, with no newline of its own: the scan once searched from the
+    stream's start for the second line and went round for ever (13 bytes hung a report)."""
+    import signal
+
+    pkl = b"\x80\x02X\x01\x00\x00\x00\nc" + b"abc"
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the scan does not end"))
+    signal.alarm(10)
+    try:
+        with pytest.raises(ptread.Unsupported, match="GLOBAL is not two lines"):
+            ptread._scan(pkl)
+        _refused(_rezip(_saved({"a": 1}), pkl), "GLOBAL is not two lines")
+    finally:
+        signal.alarm(0)

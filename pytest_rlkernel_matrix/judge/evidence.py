@@ -27,8 +27,18 @@ import numpy as np
 
 from pytest_rlkernel_matrix.judge import ptread
 from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
-from pytest_rlkernel_matrix.judge.metrics import DriftMetrics, Sample, compute
+from pytest_rlkernel_matrix.judge.metrics import (
+    DriftMetrics,
+    PartSums,
+    Sample,
+    SampleCounts,
+    compute,
+    part_sums,
+    sample_counts,
+)
 from pytest_rlkernel_matrix.judge.sidecars import (
+    LIST_FIELDS,
+    Merged,
     Shard,
     SidecarError,
     SidecarInfo,
@@ -284,6 +294,67 @@ def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any
     return loaded
 
 
+def _load_sidecar(path: Path, root: Path, problems: list[str],
+                  ) -> tuple[dict[str, Any], str] | None:
+    """`_load_pt` of a sidecar. Inside `pt_memo()` the fast path's numpy arrays are kept
+    (`ptread.load_arrays`: no torch) where the file reads as a sidecar from them: arrays only
+    as items of its sample lists, and `read_sidecar` accepts it (its outcome remembered).
+    Those give `read_sidecar` and `float_array` the values torch's tensors give. Any other
+    file is read again from the same bytes the torch way, so what is said about it (a
+    refusal's wording included) is what the torch tensors make of it."""
+    memo = getattr(_LOCAL, "memo", None)
+    if memo is None:
+        return _load_pt(path, root, problems)
+    key = (str(path), str(root))
+    if key not in memo:
+        said: list[str] = []
+        memo[key] = (_read_sidecar_file(path, root, said, memo), said)
+    loaded, said = memo[key]
+    problems.extend(said)
+    return loaded
+
+
+def _arrays_only_in_lists(data: dict[str, Any]) -> bool:
+    for k, v in data.items():
+        if k in LIST_FIELDS and type(v) in (list, tuple):
+            if not all(type(x) is np.ndarray or not _holds_array(x) for x in v):
+                return False
+        elif _holds_array(v):
+            return False
+    return True
+
+
+def _holds_array(v: Any) -> bool:
+    if isinstance(v, np.ndarray):
+        return True
+    if isinstance(v, dict):
+        return any(_holds_array(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_holds_array(x) for x in v)
+    return False
+
+
+def _read_sidecar_file(path: Path, root: Path, problems: list[str], memo: dict[Any, Any],
+                       ) -> tuple[dict[str, Any], str] | None:
+    try:
+        raw = read_bytes(path, root, MAX_PT_BYTES)
+    except Refused as exc:
+        problems.append(str(exc))
+        return None
+    digest = hashlib.sha256(raw).hexdigest()
+    data = ptread.load_arrays(raw, path.name)
+    if isinstance(data, dict) and _arrays_only_in_lists(data):
+        try:
+            done = read_sidecar(data, f"{path.parent.name}/{path.name}")
+        except Exception:  # the torch way below says what is wrong, in its words
+            pass
+        else:
+            memo[("sidecar", id(data))] = (data, done, None)
+            return data, digest
+    data = ptread.pt_dict(raw, path.name, problems)
+    return None if data is None else (data, digest)
+
+
 def _read_sidecar_once(data: dict[str, Any], file: str) -> tuple[SidecarInfo, list[Shard]]:
     """`read_sidecar`, once per loaded object inside `pt_memo()` (its outcome, an exception
     included, is remembered with the object); the shards name `file`."""
@@ -324,7 +395,7 @@ def _renumber(samples: Iterable[Sample]) -> list[Sample]:
 
 
 def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard]) -> None:
-    loaded = _load_pt(path, ev.root, ev.problems)
+    loaded = _load_sidecar(path, ev.root, ev.problems)
     if loaded is None:
         return
     data, digest = loaded
@@ -388,13 +459,74 @@ def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
     samples.extend(found)
 
 
+@dataclass
+class StepInputs:
+    """What the per-step series (`judge.steps`) needs of a cell whose sidecars read cleanly,
+    from the cell's own merge: per call, its samples' `sample_counts` and its parts'
+    `part_sums` in the order a merge of that call's sidecars alone sums them."""
+
+    files: set[str]
+    calls: list[int]
+    samples: dict[int, list[SampleCounts]]
+    sums: dict[int, list[PartSums]]
+
+
+def _keep_for_steps(ev: Evidence, files: list[Path], merged: Merged,
+                    sums: list[PartSums]) -> None:
+    """Inside `pt_memo()`, keep the cell's merge for the per-step series where a merge per
+    call (what `steps.read_steps` does) gives the same samples and parts: every sidecar read,
+    no merge problem, names `rank<r>.call<c>.pt` agreeing with the contents, one file per
+    (call, rank), each call's files listed in rank order, one CP size (CP shards disjoint)
+    and one train and one rollout dtype (a call's dtypes are the cell's). Else nothing is
+    kept and the steps merge call by call."""
+    memo = getattr(_LOCAL, "memo", None)
+    rows = ev.rank_files
+    if memo is None or merged.problems or len(rows) != len(files):
+        return
+    if any(r["name_call"] is None or r["name_call"] != r["call"] for r in rows):
+        return
+    if len({(r["name_call"], r["name_rank"]) for r in rows}) != len(rows):
+        return
+    if len({r["cp"] for r in rows}) != 1:
+        return
+    last: dict[int, int] = {}
+    for r in rows:
+        if last.get(r["call"], -1) >= r["name_rank"]:
+            return
+        last[r["call"]] = r["name_rank"]
+    if (len({s.train.dtype for s in merged.samples}) > 1
+            or len({s.rollout.dtype for s in merged.samples}) > 1):
+        return
+    keep = StepInputs({str(p) for p in files}, sorted(last), {}, {})
+    for sample, counts in zip(merged.samples, sample_counts(merged.samples), strict=True):
+        keep.samples.setdefault(sample.call, []).append(counts)
+    for call, part in zip(merged.part_calls, sums, strict=True):
+        keep.sums.setdefault(call, []).append(part)
+    memo[("steps", str(ev.root))] = keep
+
+
+def parsed_audits(root: Path) -> dict[str, Any]:
+    """{path: JSON value} of the weight audits this analysis read under `root` (`_load`)."""
+    memo = getattr(_LOCAL, "memo", None)
+    return (None if memo is None else memo.get(("audits", str(root)))) or {}
+
+
+def step_inputs(root: Path, files: Iterable[Path]) -> StepInputs | None:
+    """The `StepInputs` this analysis kept for `root`, if its sidecars are `files`."""
+    memo = getattr(_LOCAL, "memo", None)
+    keep = None if memo is None else memo.get(("steps", str(root)))
+    return keep if keep is not None and keep.files == {str(p) for p in files} else None
+
+
 def _read_logprobs(ev: Evidence) -> None:
+    said = len(ev.problems)
     files: list[Path] = []
     for sub in SIDECAR_DIRS:
         files.extend(listing(ev.root / sub, "*.pt", ev.root, ev.problems))
     samples: list[Sample] = []
     ranks: set[int] = set()
     parts: list[tuple[np.ndarray, np.ndarray]] | None = None
+    merged: Merged | None = None
     if files:
         ev.logprob_source = "mismatch-sidecars"
         shards: list[Shard] = []
@@ -412,7 +544,10 @@ def _read_logprobs(ev: Evidence) -> None:
     if ev.logprob_source is not None:
         try:
             ev.samples = _renumber(samples)
-            ev.metrics = compute(ev.samples, parts)
+            sums = None if parts is None else part_sums(parts)
+            ev.metrics = compute(ev.samples, parts, sums=sums)
+            if merged is not None and sums is not None and len(ev.problems) == said:
+                _keep_for_steps(ev, files, merged, sums)
         except (ValueError, TypeError, MemoryError) as exc:
             ev.problems.append(f"logprob metrics: {type(exc).__name__}: {str(exc)[:200]}")
         if ev.metrics is not None:  # ranks whose sidecars were read (TP replicas included)
@@ -423,7 +558,11 @@ def _read_logprobs(ev: Evidence) -> None:
 
 def _read_weight_audit(ev: Evidence) -> None:
     from_readbacks = ev.weight_audit.rollout_readback_versions
-    ev.weight_audit = read_weight_audits(ev.root, ev.problems)
+    memo = getattr(_LOCAL, "memo", None)
+    keep: dict[str, Any] | None = None if memo is None else {}
+    ev.weight_audit = read_weight_audits(ev.root, ev.problems, keep)
+    if memo is not None:  # the per-step weight chain reads the same files: parsed once
+        memo[("audits", str(ev.root))] = keep
     ev.weight_audit.rollout_readback_versions = from_readbacks
     for version, sha in ev.weight_audit.training.items():
         ev.weight_versions.setdefault(version, {})["training"] = sha

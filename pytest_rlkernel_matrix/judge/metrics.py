@@ -75,27 +75,87 @@ FIGURE_CONVENTION = ("RL-Kernel: delta = train - rollout (float64); mismatch_kl 
                      "train_rollout_logprob_abs_diff = mean |delta|; pooled over active tokens")
 
 
-def pooled_figures(parts: Iterable[tuple[np.ndarray, np.ndarray]],
-                   ) -> tuple[int, float, float, float] | None:
-    """(tokens, mean |delta|, mismatch_kl, k3) over `parts` of active (train, rollout) values,
-    accumulated as RL-Kernel does: per part a float64 sum, added to a Python float, in the order
-    given. None without tokens or when any value is non-finite."""
-    n, s_abs, s_kl, s_k3 = 0, 0.0, 0.0, 0.0
+PartSums = tuple[int, float, float, float] | None
+
+
+def part_sums(parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
+    """Per part, in order: (tokens, float64 sums of |delta|, -delta and k3), each sum one numpy
+    sum over the part, as RL-Kernel adds them; None for a part with a non-finite delta or k3."""
+    out: list[PartSums] = []
     for train, roll in parts:
         if train.size == 0:
+            out.append((0, 0.0, 0.0, 0.0))
             continue
         delta = train.astype(np.float64) - roll.astype(np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
             k3 = np.exp(delta) - delta - 1.0
         if not (np.isfinite(delta).all() and np.isfinite(k3).all()):
+            out.append(None)
+            continue
+        out.append((int(delta.size), float(np.abs(delta).sum()), float((-delta).sum()),
+                    float(k3.sum())))
+    return out
+
+
+def pooled_from_sums(sums: Iterable[PartSums]) -> tuple[int, float, float, float] | None:
+    """`pooled_figures` from the parts' `part_sums` (each part's sums added to a Python float
+    in the order given): the same figures, so parts summed once serve several poolings."""
+    n, s_abs, s_kl, s_k3 = 0, 0.0, 0.0, 0.0
+    for part in sums:
+        if part is None:
             return None
-        n += int(delta.size)
-        s_abs += float(np.abs(delta).sum())
-        s_kl += float((-delta).sum())
-        s_k3 += float(k3.sum())
+        if part[0] == 0:
+            continue
+        n += part[0]
+        s_abs += part[1]
+        s_kl += part[2]
+        s_k3 += part[3]
     if n == 0:
         return None
     return n, s_abs / n, s_kl / n, s_k3 / n
+
+
+def pooled_figures(parts: Iterable[tuple[np.ndarray, np.ndarray]],
+                   ) -> tuple[int, float, float, float] | None:
+    """(tokens, mean |delta|, mismatch_kl, k3) over `parts` of active (train, rollout) values,
+    accumulated as RL-Kernel does: per part a float64 sum, added to a Python float, in the order
+    given. None without tokens or when any value is non-finite."""
+    return pooled_from_sums(part_sums(parts))
+
+
+SampleCounts = tuple[int, int, int, int, float | None]
+
+
+def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
+    """Per sample: (active tokens, value mismatches, byte mismatches, non-finite deltas, max
+    finite |delta| or None), counted as `compute` counts them over the active tokens (byte
+    mismatches: every token where train and rollout dtypes differ), so the counts of a set
+    of samples add up to what `compute` gives for it."""
+    if not samples:
+        return []
+    active = [s.mask.astype(bool) for s in samples]
+    train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
+    roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
+    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    neq = train != roll
+    bits = (_bits(train) != _bits(roll) if train.dtype == roll.dtype
+            else np.ones(train.size, dtype=bool))
+    d = train.astype(np.float64) - roll.astype(np.float64)
+    finite = np.isfinite(d)
+
+    def per_sample(flags: np.ndarray) -> list[int]:
+        total = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+        return (total[ends] - total[starts]).tolist()
+
+    top = np.full(len(samples), -1.0)
+    some = lengths > 0
+    if train.size:
+        top[some] = np.maximum.reduceat(np.where(finite, np.abs(d), -1.0), starts[some])
+    return [(n, v, b, n - f, None if t < 0 else t) for n, v, b, f, t in zip(
+        lengths.tolist(), per_sample(neq), per_sample(bits), per_sample(finite), top.tolist(),
+        strict=True)]
 
 
 def bitwise_reason(m: DriftMetrics) -> str | None:
@@ -113,11 +173,13 @@ def bitwise_reason(m: DriftMetrics) -> str | None:
 
 def compute(samples: Sequence[Sample],
             parts: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
-            *, summary_only: bool = False) -> DriftMetrics:
+            *, summary_only: bool = False, sums: Sequence[PartSums] | None = None,
+            ) -> DriftMetrics:
     """Metrics over the active tokens of all samples. `parts`: the active (train, rollout)
     values in the order RL-Kernel sums them (its shards), for the pooled figures; default: per
-    sample, in the order given. `summary_only` (the per-step series): the same counts, max and
-    pooled figures, without percentiles, histogram, worst tokens and first mismatches."""
+    sample, in the order given; `sums`: those parts' `part_sums`, when already made.
+    `summary_only` (the per-step series): the same counts, max and pooled figures, without
+    percentiles, histogram, worst tokens and first mismatches."""
     out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
     if not samples:
         return out
@@ -141,9 +203,10 @@ def compute(samples: Sequence[Sample],
     out.mismatch_fraction = out.mismatch_count / n
     if ad.size:
         out.logprob_abs_diff_max = float(ad.max())
-        if parts is None:
+        if parts is None and sums is None:
             parts = [(s.train[m], s.rollout[m]) for s, m in zip(samples, active, strict=True)]
-        figures = pooled_figures(parts) if out.nonfinite_count == 0 else None
+        figures = (None if out.nonfinite_count else pooled_from_sums(sums) if sums is not None
+                   else pooled_figures(parts or ()))
         if figures is not None:
             _, mean_abs, out.mismatch_kl, out.mismatch_k3_kl = figures
             out.logprob_abs_diff_mean = out.train_rollout_logprob_abs_diff = mean_abs

@@ -135,10 +135,11 @@ class _Tensor:
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if type(value) is not tuple or any(type(v) is not int or v < 0 or v >= _INT_LIMIT
-                                       for v in value):
-        raise Unsupported(f"tensor {what} is not a tuple of non-negative ints")
-    return value
+    if type(value) is tuple and (
+            (len(value) == 1 and type(value[0]) is int and 0 <= value[0] < _INT_LIMIT)
+            or all(type(v) is int and 0 <= v < _INT_LIMIT for v in value)):
+        return value
+    raise Unsupported(f"tensor {what} is not a tuple of non-negative ints")
 
 
 def _rebuild_tensor_v2(*args: Any) -> _Tensor:
@@ -159,7 +160,8 @@ def _rebuild_tensor_v2(*args: Any) -> _Tensor:
     if 0 in size:
         if offset > numel:
             raise Unsupported(f"tensor offset {offset} past its storage of {numel}")
-    elif offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) >= numel:
+    elif offset + ((size[0] - 1) * stride[0] if len(size) == 1 else sum(
+            (n - 1) * s for n, s in zip(size, stride, strict=True))) >= numel:
         raise Unsupported(f"tensor (offset {offset}, size {size}, stride {stride}) outside "
                           f"its storage of {numel} items")
     return _Tensor(args)
@@ -309,10 +311,22 @@ _OPCODES: dict[int, int] = {
 _ARGS = [_OPCODES.get(op) for op in range(256)]
 
 
+# A run of the opcodes above with a fixed-size argument, each taken whole, except STOP and
+# LONG_BINPUT (their checks are `_scan`'s): skipped in C, `_scan` steps through the rest.
+_FIXED = re.compile(b"(?:" + b"|".join(
+    b"[" + re.escape(bytes(ops)) + b"]" + (b".{%d}" % size if size else b"")
+    for size in (0, 1, 2, 4, 8)
+    if (ops := [op for op, n in _OPCODES.items() if n == size and op not in (0x2E, 0x72)])
+) + b")*", re.DOTALL)
+
+
 def _scan(pkl: bytes) -> None:
     """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past the stream's size."""
-    i, n, args = 0, len(pkl), _ARGS
+    i, n, args, skip = 0, len(pkl), _ARGS, _FIXED.match
     while i < n:
+        i = skip(pkl, i).end()
+        if i >= n:
+            break
         op = pkl[i]
         size = args[op]
         if size is None:
@@ -327,8 +341,9 @@ def _scan(pkl: bytes) -> None:
             i += 4 + int.from_bytes(pkl[i:i + 4], "little")
         elif size == -1:
             i += 1 + pkl[i] if i < n else 1
-        elif size == -2:
-            i = pkl.find(b"\n", pkl.find(b"\n", i) + 1) + 1
+        elif size == -2:  # (a second line searched from 0 once looped back: for ever)
+            first = pkl.find(b"\n", i)
+            i = pkl.find(b"\n", first + 1) + 1 if first >= 0 else 0
             if i == 0:
                 raise Unsupported("data.pkl GLOBAL is not two lines")
         elif op == 0x2E:  # STOP
@@ -402,9 +417,48 @@ def _swap(obj: Any, memo: dict[int, Any]) -> Any:
     return obj
 
 
-def load(raw: bytes, name: str = "<bytes>") -> Any:
+# float16 is not here: torch's `.float()` quiets a signalling NaN in its vectorised loop and
+# not in its scalar one (measured), so no numpy widening is bit for bit torch's; such files
+# are read the torch way.
+_NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8", "int32": "<i4", "int16": "<i2",
+          "int8": "i1", "uint8": "u1", "bool": "?"}
+
+
+def _as_arrays(tensors: list[_Tensor]) -> None:
+    """Each `_Tensor`'s value as a read-only numpy view of its record's bytes: torch's dtype
+    (bfloat16 widened exactly to float32: its bits shifted up 16, what torch's `.float()`
+    gives for all 65,536 patterns; numpy has no bfloat16), size, stride and storage offset."""
+    import numpy as np
+
+    bases: dict[str, Any] = {}
+    for t in tensors:
+        st = t.storage
+        base = bases.get(st.pid[2])
+        if base is None:
+            if st.kind.dtype not in _NUMPY and st.kind.dtype != "bfloat16":
+                raise Unsupported(f"{st.kind.dtype} tensors are read the torch way")
+            if st.kind.dtype == "bfloat16":
+                base = (np.frombuffer(st.data, dtype="<u2").astype(np.uint32) << 16).view(
+                    np.float32)
+                base.flags.writeable = False
+            else:
+                base = np.frombuffer(st.data, dtype=_NUMPY[st.kind.dtype])
+            bases[st.pid[2]] = base
+        if len(t.size) == 1 and t.stride == (1,):
+            t.value = base[t.offset:t.offset + t.size[0]]
+        else:
+            t.value = np.lib.stride_tricks.as_strided(
+                base[t.offset:], shape=t.size, strides=tuple(s * base.itemsize for s in t.stride),
+                writeable=False)
+
+
+def load(raw: bytes, name: str = "<bytes>", *, arrays: str = "torch") -> Any:
     """The object a `.pt` file holds, as `torch.load(raw, weights_only=True)` gives it, CPU
-    tensors; `Unsupported` (naming `name`) for anything outside the fast path."""
+    tensors; `Unsupported` (naming `name`) for anything outside the fast path.
+
+    ``arrays="numpy"``: the same checks and values, each tensor a read-only numpy array
+    instead (`_as_arrays`; torch is not imported), for readers that turn tensors into numpy
+    arrays anyway (`judge.sidecars.float_array` gives the same array from either)."""
     try:
         if sys.byteorder != "little":
             raise Unsupported("this machine is big-endian (torch swaps bytes, this reader not)")
@@ -426,6 +480,11 @@ def load(raw: bytes, name: str = "<bytes>") -> Any:
         raise Unsupported(f"{name}: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not tensors:
         return obj
+    if arrays == "numpy":
+        _as_arrays(tensors)
+        return _swap(obj, {})
+    if arrays != "torch":
+        raise ValueError(f"arrays={arrays!r}: 'torch' or 'numpy'")
     import torch
 
     bases: dict[str, Any] = {}
@@ -460,28 +519,52 @@ def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
     return obj
 
 
+def load_arrays(raw: bytes, name: str = "<bytes>") -> Any | None:
+    """`load(raw, name, arrays="numpy")`, or None where the fast path does not read the file
+    (the caller then reads the same bytes the torch way: `pt_dict`)."""
+    try:
+        obj = load(raw, name, arrays="numpy")
+    except Exception:  # Unsupported, or anything unforeseen: torch's way decides
+        return None
+    COUNTS["fast"] += 1
+    return obj
+
+
+def pt_dict(raw: bytes, name: str, problems: list[str], what: str = "") -> dict[str, Any] | None:
+    """The dict a `.pt` file's bytes hold, with torch tensors (`read_pt`), or None with the
+    reason in `problems`."""
+    try:
+        import torch
+    except ImportError:
+        problems.append(f"cannot read {what}{name}: torch is not installed in the plugin's "
+                        "Python")
+        return None
+    try:
+        data = read_pt(raw, torch, name)
+    except Exception as exc:  # torch raises many types for a bad pickle
+        problems.append(f"{what}{name}: unreadable: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{what}{name}: not a dict")
+        return None
+    return data
+
+
 def read_pt_dict(path: Path, root: Path, max_bytes: int, problems: list[str],
                  what: str = "") -> tuple[dict[str, Any], bytes] | None:
     """(object, bytes) of a `.pt` file under `root` that must hold a dict, read through
     `store.safeio` (capped, regular, inside `root`) and `read_pt`; or None with the reason in
     `problems` (``what`` prefixes the file's name there: ``"probe "``)."""
-    name = f"{what}{path.name}"
     try:
-        import torch
+        import torch  # noqa: F401  (said before the file is read, as it always was)
     except ImportError:
-        problems.append(f"cannot read {name}: torch is not installed in the plugin's Python")
+        problems.append(f"cannot read {what}{path.name}: torch is not installed in the "
+                        "plugin's Python")
         return None
     try:
         raw = read_bytes(path, root, max_bytes)
     except Refused as exc:
         problems.append(str(exc))
         return None
-    try:
-        data = read_pt(raw, torch, path.name)
-    except Exception as exc:  # torch raises many types for a bad pickle
-        problems.append(f"{name}: unreadable: {type(exc).__name__}: {str(exc)[:200]}")
-        return None
-    if not isinstance(data, dict):
-        problems.append(f"{name}: not a dict")
-        return None
-    return data, raw
+    data = pt_dict(raw, path.name, problems, what)
+    return None if data is None else (data, raw)

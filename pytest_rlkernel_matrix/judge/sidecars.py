@@ -84,7 +84,8 @@ def schema_of(data: Mapping[str, Any]) -> str:
 
 
 def _count(value: Any, what: str, minimum: int) -> int:
-    if hasattr(value, "numel") and value.numel() == 1:
+    if ((hasattr(value, "numel") and value.numel() == 1)  # a tensor, or as numpy arrays
+            or (isinstance(value, np.ndarray) and value.size == 1)):  # `ptread.load_arrays`
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, int):
         raise SidecarError(f"{what} is {str(value)[:80]!r}, not an integer")
@@ -100,6 +101,8 @@ def float_array(value: Any, what: str) -> np.ndarray:
         if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
             t = t.float()
         arr = t.numpy()
+    elif isinstance(value, np.ndarray):  # a tensor as `ptread.load_arrays` gives it (no
+        arr = value  # float16 there; bfloat16 already widened to float32)
     elif isinstance(value, (list, tuple)):
         arr = np.asarray(value, dtype=np.float64)
     else:
@@ -201,6 +204,7 @@ class Merged:
 
     samples: list[Sample] = field(default_factory=list)
     parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    part_calls: list[int] = field(default_factory=list)  # each part's call index
     problems: list[str] = field(default_factory=list)
 
 
@@ -230,6 +234,7 @@ def merge(shards: Sequence[Shard]) -> Merged:
             continue
         groups.setdefault((sh.dp, sh.call, sh.index), []).append(sh)
         out.parts.append((sh.train[sh.mask], sh.rollout[sh.mask]))
+        out.part_calls.append(sh.call)
     for (dp, call, index), parts in sorted(groups.items()):
         cp = max(p.cp for p in parts)
         got = sorted({p.cp_rank for p in parts})

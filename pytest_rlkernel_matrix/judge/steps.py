@@ -29,7 +29,13 @@ from typing import Any
 import numpy as np
 
 from pytest_rlkernel_matrix.judge import evidence as _ev
-from pytest_rlkernel_matrix.judge.metrics import compute
+from pytest_rlkernel_matrix.judge.metrics import (
+    DriftMetrics,
+    PartSums,
+    SampleCounts,
+    compute,
+    pooled_from_sums,
+)
 from pytest_rlkernel_matrix.judge.sidecars import float_array, merge
 from pytest_rlkernel_matrix.judge.stats import RESAMPLES, SEED
 from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, listing, read_bytes
@@ -114,11 +120,49 @@ def sidecar_files(root: Path, problems: list[str]) -> dict[tuple[int, int], Path
     return out
 
 
+def _entry(call: int, m: DriftMetrics) -> dict[str, Any]:
+    return {"step": call, "active_tokens": m.active_token_count,
+            "abs_diff_mean": m.logprob_abs_diff_mean or 0.0,
+            "abs_diff_max": m.logprob_abs_diff_max or 0.0,
+            "mismatch_count": m.mismatch_count,
+            "bitwise_mismatch_count": m.bitwise_mismatch_count,
+            "k3": m.mismatch_k3_kl or 0.0}
+
+
+def _summary(samples: list[SampleCounts], sums: list[PartSums]) -> DriftMetrics:
+    """`compute(..., summary_only=True)`'s figures of one call from its samples' counts and
+    its parts' sums (what the series reads of it)."""
+    out = DriftMetrics(active_token_count=sum(c[0] for c in samples))
+    if out.active_token_count == 0:
+        return out
+    out.mismatch_count = sum(c[1] for c in samples)
+    out.bitwise_mismatch_count = sum(c[2] for c in samples)
+    out.nonfinite_count = sum(c[3] for c in samples)
+    tops = [c[4] for c in samples if c[4] is not None]
+    if tops:
+        out.logprob_abs_diff_max = max(tops)
+        figures = None if out.nonfinite_count else pooled_from_sums(sums)
+        if figures is not None:
+            _, out.logprob_abs_diff_mean, out.mismatch_kl, out.mismatch_k3_kl = figures
+    return out
+
+
 def read_steps(root: Path) -> Steps:
-    """Per-step metrics (one step = one sidecar call index) and both sides' weight chains."""
+    """Per-step metrics (one step = one sidecar call index) and both sides' weight chains.
+
+    Within one cell's analysis whose sidecars read cleanly, each call's figures come from the
+    cell's own merge (`evidence.StepInputs`: the same samples and parts a merge of that call
+    alone gives, so the same figures); otherwise each call's sidecars are merged here."""
     st = Steps()
+    files = sidecar_files(root, st.problems)
+    kept = None if st.problems else _ev.step_inputs(root, files.values())
+    if kept is not None:
+        st.series = [_entry(call, _summary(kept.samples.get(call, []), kept.sums.get(call, [])))
+                     for call in kept.calls]
+        st.weights = weight_chain(root, st.problems)
+        return st
     by_call: dict[int, list[Path]] = {}
-    for (call, _rank), path in sorted(sidecar_files(root, st.problems).items()):
+    for (call, _rank), path in sorted(files.items()):
         by_call.setdefault(call, []).append(path)
     for call, paths in sorted(by_call.items()):
         shards: list[Any] = []
@@ -133,13 +177,8 @@ def read_steps(root: Path) -> Steps:
         merged = merge(shards)
         st.problems.extend(merged.problems)
         samples = merged.samples
-        m = compute(_ev._renumber(samples), merged.parts, summary_only=True)
-        st.series.append({"step": call, "active_tokens": m.active_token_count,
-                          "abs_diff_mean": m.logprob_abs_diff_mean or 0.0,
-                          "abs_diff_max": m.logprob_abs_diff_max or 0.0,
-                          "mismatch_count": m.mismatch_count,
-                          "bitwise_mismatch_count": m.bitwise_mismatch_count,
-                          "k3": m.mismatch_k3_kl or 0.0})
+        st.series.append(_entry(call, compute(_ev._renumber(samples), merged.parts,
+                                              summary_only=True)))
     st.weights = weight_chain(root, st.problems)
     return st
 
@@ -147,10 +186,13 @@ def read_steps(root: Path) -> Steps:
 def weight_chain(root: Path, problems: list[str]) -> dict[str, dict[str, str]]:
     """version -> {"training": sha256, "rollout": sha256} from the per-version audits."""
     chain: dict[str, dict[str, str]] = {}
+    parsed = _ev.parsed_audits(root)  # what the evidence parsed of the same files
     for side, sub in (("training", "weight-audit"), ("rollout", "weight-audit/rollout")):
         for path in listing(root / sub, "*.json", root, problems):
+            data = parsed.get(str(path), parsed)
             try:
-                data = json.loads(read_bytes(path, root, MAX_JSON_BYTES))
+                if data is parsed:
+                    data = json.loads(read_bytes(path, root, MAX_JSON_BYTES))
             except (Refused, ValueError, UnicodeDecodeError) as exc:
                 problems.append(f"{sub}/{path.name}: unreadable: {exc}")
                 continue

@@ -90,9 +90,17 @@ def _version_key(version: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else -1, version)
 
 
-def _load(path: Path, root: Path, problems: list[str]) -> Any:
+def _load(path: Path, root: Path, problems: list[str], keep: dict[str, Any] | None = None,
+          ) -> Any:
+    """The file's JSON (UTF-8), or None with the reason in `problems`. `keep` gets the parsed
+    value of each file whose bytes `json.loads` would also read as UTF-8 (no BOM, no NUL in
+    the first 4 bytes: its encoding detection), for a second reader of the same files."""
     try:
-        return json.loads(read_bytes(path, root, MAX_JSON_BYTES).decode("utf-8"))
+        raw = read_bytes(path, root, MAX_JSON_BYTES)
+        data = json.loads(raw.decode("utf-8"))
+        if keep is not None and not raw.startswith(b"\xef\xbb\xbf") and b"\0" not in raw[:4]:
+            keep[str(path)] = data
+        return data
     except Refused as exc:
         problems.append(str(exc))
     except (OSError, ValueError, RecursionError, MemoryError) as exc:
@@ -157,15 +165,17 @@ def _chain_gaps(versions: Iterable[str], what: str) -> list[str]:
     return why
 
 
-def read_weight_audits(root: Path, problems: list[str]) -> WeightAudit:
-    """Read `weight-audit/` (upstream and legacy forms); unreadable files go to `problems`."""
+def read_weight_audits(root: Path, problems: list[str],
+                       keep: dict[str, Any] | None = None) -> WeightAudit:
+    """Read `weight-audit/` (upstream and legacy forms); unreadable files go to `problems`
+    (`keep`: see `_load`; the values are only read, never changed)."""
     wa = WeightAudit()
     forms: set[str] = set()
     for sub, scope, into in (("weight-audit", TRAINING_SCOPE, wa.training),
                              ("weight-audit/rollout", ROLLOUT_SCOPE, wa.rollout)):
         for path in listing(root / sub, "*.json", root, problems):
             rel = f"{sub}/{path.name}"
-            data = _load(path, root, problems)
+            data = _load(path, root, problems, keep)
             if data is None:
                 continue
             wa.files.append(rel)

@@ -119,9 +119,12 @@ def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell,
 
 def _one_thread() -> None:
     """A pool worker: one torch thread (workers x torch's default threads would oversubscribe
-    the CPUs the pool is sized to; measured in docs/benchmarks.md)."""
+    the CPUs the pool is sized to; measured in docs/benchmarks.md), also where torch is only
+    imported later (a `.pt` file the fast reader hands to `torch.load`)."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+    else:
+        os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], jobs: int,
@@ -133,12 +136,11 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
             done(task)
         return
     # fork: the workers start at once with this process's imports (the CLI runs no threads).
-    import importlib.util
+    # torch is not imported here: sidecars the fast reader reads need none (numpy arrays,
+    # `judge.ptread.load_arrays`); a worker imports it only for a file that needs torch.load.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    if importlib.util.find_spec("torch") is not None:
-        import torch  # noqa: F401  (once here, not once per worker: forked workers share it)
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx,

@@ -42,14 +42,58 @@ def _rel(path: Path, root: Path) -> str:
         return path.name
 
 
+_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+          | getattr(os, "O_CLOEXEC", 0))
+_PROC_FD = "/proc/self/fd/"
+
+
+def _fd_path(fd: int) -> str | None:
+    """The kernel's canonical path of an open descriptor (Linux `/proc`), or None."""
+    try:
+        real = os.readlink(f"{_PROC_FD}{fd}")
+    except OSError:
+        return None
+    return real if real.startswith("/") and not real.endswith(" (deleted)") else None
+
+
+def _open_inside(path: Path, root: Path) -> int | None:
+    """A descriptor of `path` when it is plainly inside `root`, else None (the caller then
+    takes `inside`'s way, which gives every refusal). The file is opened without following a
+    final symlink, and the kernel's canonical path of what was opened must lie under the
+    canonical path of `root` (both read back from `/proc/self/fd`): what `inside` accepts,
+    for three system calls instead of resolving both paths component by component."""
+    if not hasattr(os, "O_NOFOLLOW"):
+        return None
+    try:
+        dfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        base = _fd_path(dfd)
+    finally:
+        os.close(dfd)
+    if base is None:
+        return None
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError:  # a final symlink (followed the slow way if it stays inside), or absent
+        return None
+    real = _fd_path(fd)
+    if real is not None and (real == base or real.startswith(base.rstrip("/") + "/")):
+        return fd
+    os.close(fd)
+    return None
+
+
 def open_regular(path: Path, root: Path, max_bytes: int) -> tuple[BinaryIO, int]:
     """(binary handle, size) of a regular file under `root` no larger than `max_bytes`."""
-    real = inside(path, root)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(real, flags | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise Refused(f"{_rel(path, root)}: cannot open: {exc.strerror or exc}") from None
+    fd = _open_inside(path, root)
+    if fd is None:
+        real = inside(path, root)
+        try:
+            fd = os.open(real, _FLAGS)
+        except OSError as exc:
+            raise Refused(f"{_rel(path, root)}: cannot open: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
