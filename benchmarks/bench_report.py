@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_report_scale import example_files
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "cpu" / "cpu"
 MODULES = ("attention", "ffn", "logp")
@@ -73,10 +75,8 @@ def build_root(root: Path) -> None:
         src = EXAMPLE / (slug if (EXAMPLE / slug).exists() else "attention-rr")
         dst = root / "cpu" / slug
         dst.mkdir(parents=True)
-        for name in ("readbacks", "weight-audit"):
-            shutil.copytree(src / name, dst / name)
-        for name in ("run.log", "manifest.json", "exit-code", "matrix-case.env"):
-            shutil.copy2(src / name, dst / name)
+        shutil.copytree(src / "weight-audit", dst / "weight-audit")
+        example_files(src, dst, module, case)  # readbacks as the workload writes them today
         meta = json.loads((src / "cell-run.json").read_text())
         meta["cell"] = {"hardware": "cpu", "module": module, "case": case,
                         "cases": _cases(module, case)}

@@ -116,17 +116,29 @@ def _readbacks(src: Path, dst: Path) -> None:
     """The example run's readbacks, as the reference workload writes them today
     (`workload.upstream.readback`): an `installed_hooks` entry for every module the process
     hooked, production ones too, except the native (production) training logp, which runs
-    outside RL-Kernel. The example run predates that rule, which the judge enforces (`P route
-    unproven`); nothing else is changed."""
+    outside RL-Kernel and so has neither a hook nor a record. The example run predates both
+    rules, which the judge enforces (`P route unproven`, `production logp unexpectedly entered
+    provider readback`); nothing else is changed."""
     dst.mkdir(parents=True)
     for path in sorted(src.glob("*.json")):
         data = json.loads(path.read_text())
         ops = data.get("operators") or {}
-        data["installed_hooks"] = {
-            m: f"pytest_rlkernel_matrix.workload.kernels.{m}" for m, op in ops.items()
-            if not (data.get("target") == "training" and m == "logp"
-                    and op.get("implementation") == "production")}
+        if data.get("target") == "training" and (ops.get("logp") or {}).get(
+                "implementation") == "production":
+            ops.pop("logp")
+        data["installed_hooks"] = {m: f"pytest_rlkernel_matrix.workload.kernels.{m}" for m in ops}
         (dst / path.name).write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def example_files(src: Path, dst: Path, module: str, case: str) -> None:
+    """The example run's readbacks (`_readbacks`), run.log, manifest, exit code and env file,
+    with vime's marker for a native training logp in run.log (the example run predates it)."""
+    _readbacks(src / "readbacks", dst / "readbacks")
+    for name in ("run.log", "manifest.json", "exit-code", "matrix-case.env"):
+        shutil.copy2(src / name, dst / name)
+    if module == "logp" and case.startswith("P"):
+        with (dst / "run.log").open("a") as log:
+            log.write(f"rlkernel mismatch sidecar active: logp_case={case}\n")
 
 
 def build_root(root: Path, scale: float) -> int:
@@ -138,9 +150,7 @@ def build_root(root: Path, scale: float) -> int:
         src = EXAMPLE / (slug if (EXAMPLE / slug).exists() else "attention-rr")
         dst = root / "cpu" / slug
         dst.mkdir(parents=True)
-        _readbacks(src / "readbacks", dst / "readbacks")
-        for name in ("run.log", "manifest.json", "exit-code", "matrix-case.env"):
-            shutil.copy2(src / name, dst / name)
+        example_files(src, dst, module, case)
         meta = json.loads((src / "cell-run.json").read_text())
         meta["cell"] = {"hardware": "cpu", "module": module, "case": case,
                         "cases": {m: case if m == module else "R/R" for m in MODULES}}
