@@ -16,12 +16,27 @@ probe shared by the whole test run instead:
 The reuse is never silent: ``preflight.json`` carries ``probe.reused`` (where from, when probed),
 ``matrix-report.json`` ``preflight.probe_reused``, and the session header says
 ``rlk: preflight probe REUSED``. The plugin honours the variable only when it is set.
+
+Cheap subprocesses
+------------------
+Most of the suite's CPU goes to the processes it starts (pytest sessions, cells, the CLI), so:
+
+- the fake framework's logprob sidecars (real ``torch.save`` files, keyed by cases, mode and
+  scenario) are saved once per test run, up front, in-process for the common cells
+  (``suite_env``); a cell then copies those bytes instead of importing torch (~3 s of CPU);
+- where ``PYTHONDONTWRITEBYTECODE`` is set (it is on the CI box), every pytest session the suite
+  starts would compile the plugin's ~150 modules again (pytest rewrites an installed plugin's
+  asserts: ~1.7 s of CPU per session). For the run, the suite unsets it in its own environment
+  and points ``PYTHONPYCACHEPREFIX`` at a temporary directory instead, removed at the end: the
+  source tree still gets no bytecode. A ``PYTHONPYCACHEPREFIX`` you set yourself is kept.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -57,9 +72,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_PYCACHE = pytest.StashKey[str]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_probe: run the real preflight probe (make_matrix shares none)")
+    # Before xdist starts its workers (pytest_sessionstart): they and every process they start
+    # inherit the prefix. A worker finds it set and leaves it alone.
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+        prefix = tempfile.mkdtemp(prefix="rlk-tests-pycache-")
+        config.stash[_PYCACHE] = prefix
+        os.environ.pop("PYTHONDONTWRITEBYTECODE")
+        os.environ["PYTHONPYCACHEPREFIX"] = prefix
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    prefix = config.stash.get(_PYCACHE, None)
+    if prefix is not None:
+        os.environ.pop("PYTHONPYCACHEPREFIX", None)
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+        shutil.rmtree(prefix, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +116,7 @@ def suite_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     sidecar once (a real torch.save) and copies it afterwards instead of importing torch."""
     base = tmp_path_factory.getbasetemp()
     path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fake-sidecars"
+    _warm_fake_sidecars(path)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FAKE_SIDECAR_CACHE", str(path))
         # Under `-n auto` every worker already keeps a core busy: cells (the reference workload)
@@ -91,6 +125,32 @@ def suite_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
             mp.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         yield path
+
+
+def _warm_fake_sidecars(cache: Path) -> None:
+    """Save the sidecars of the pairwise cells (every mode, every scenario that shapes the
+    logprobs) into the cache, in this process (torch is loaded here already): ~0.5 s once per
+    test run instead of ~3 s per fake cell whose combination ran first. Other combinations are
+    still saved by the first fake cell that needs them."""
+    import fake_framework as fake
+    from filelock import FileLock
+
+    cache.mkdir(parents=True, exist_ok=True)
+    done = cache / ".warm"
+    with FileLock(str(cache) + ".lock"):
+        if done.exists():
+            return
+        target = cache / ".warm-target.pt"
+        for module in fake.MODULES:
+            for case in ("R/R", "P/R", "R/P", "P/P"):
+                cases = {m: (case if m == module else "R/R") for m in fake.MODULES}
+                for mode in ("audit", "strict", "auto", "off"):
+                    for scenario in ("clean", "silent_fallback", "contract_mismatch", "nan"):
+                        fake._sidecar(target, cases, mode, scenario, 8, str(cache))
+        off = dict.fromkeys(fake.MODULES, "P/P")
+        fake._sidecar(target, off, "off", "clean", 8, str(cache))
+        target.unlink()
+        done.write_text("")
 
 
 @pytest.fixture

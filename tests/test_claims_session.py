@@ -35,8 +35,9 @@ def _matrix(pytester: pytest.Pytester, repro: str = "") -> Path:
 
 def _run(pytester: pytest.Pytester, matrix: Path, root: Path,
          *args: str) -> tuple[pytest.RunResult, dict]:
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}",
-                                           "-p", "no:cacheprovider", *args)
+    # in-process: no fresh interpreter needed (the cells are processes of their own)
+    result = pytester.runpytest(f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}",
+                                "-p", "no:cacheprovider", *args)
     return result, json.loads((root / "matrix-report.json").read_text())
 
 

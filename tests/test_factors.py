@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -74,12 +73,12 @@ variants = { one = { env = { RLK_REF_ROLLOUT_BATCH = "1" } } }
 
 
 def _reread(root: Path, tmp_path: Path) -> None:
-    """`rlk-matrix report <root>` gives the session's factor blocks and attribution lines."""
+    """`rlk-matrix report <root>` gives the session's factor blocks and attribution lines (its
+    `main`, in this process: torch is loaded here already; tests/test_cli.py runs the command)."""
+    from pytest_rlkernel_matrix import cli
+
     out = tmp_path / "again.json"
-    done = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report",
-                           str(root), "--output", str(out), "--jobs", "1"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    assert cli.main(["report", str(root), "--output", str(out), "--jobs", "1"]) == 0
     before, after = (json.loads(p.read_text()) for p in (root / "matrix-report.json", out))
     assert after["factor_attribution"] == before["factor_attribution"]
     blocks = [[c.get("factor") for c in r["cells"]] for r in (before, after)]
@@ -134,15 +133,15 @@ def test_no_factor_no_factor_cells_and_ids(tmp_path: Path) -> None:
 
 def test_items_markers_and_plan(pytester: pytest.Pytester) -> None:
     path = pytester.makefile(".toml", matrix=BASE + FACTORS)
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", "--collect-only", "-q",
+    result = pytester.runpytest(f"--rlk-matrix={path}", "--collect-only", "-q",
                                            "-p", "no:cacheprovider", "-m", "rlk_factor")
     ids = [ln for ln in result.outlines if "::factor-" in ln]
     assert len(ids) == 5 and "matrix.toml::cpu::factor-rollout_batch-one-rr" in ids
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", "--collect-only", "-q",
+    result = pytester.runpytest(f"--rlk-matrix={path}", "--collect-only", "-q",
                                            "-p", "no:cacheprovider", "-k", "sampling")
     assert [ln for ln in result.outlines if "::" in ln] == [
         "matrix.toml::cpu::factor-sampling-processed-rr"]
-    plan = pytester.runpytest_subprocess(f"--rlk-matrix={path}", "--rlk-plan",
+    plan = pytester.runpytest(f"--rlk-matrix={path}", "--rlk-plan",
                                          "-p", "no:cacheprovider", "-k", "rollout_batch")
     text = plan.stdout.str()
     assert "# cpu/factor-rollout_batch-one-pp  (mode audit)" in text
@@ -153,7 +152,7 @@ def test_items_markers_and_plan(pytester: pytest.Pytester) -> None:
 def test_factor_cells_on_cpu(pytester: pytest.Pytester, tmp_path: Path) -> None:
     path = pytester.makefile(".toml", matrix=BASE + FACTORS)
     root = tmp_path / "root"
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", f"--rlk-matrix-root={root}",
+    result = pytester.runpytest(f"--rlk-matrix={path}", f"--rlk-matrix-root={root}",
                                            "-p", "no:cacheprovider", "-m", "rlk_factor")
     report = json.loads((root / "matrix-report.json").read_text())
     assert result.ret == 0, result.stdout.str()[-3000:]
@@ -200,7 +199,7 @@ def test_stale_weight_sync_under_real_updates(pytester: pytest.Pytester, tmp_pat
                         '"--max-new-tokens", "12", "--steps", "2", "--lr", "1e-3"]')
     path = pytester.makefile(".toml", matrix=base + STALE)
     root = tmp_path / "root"
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={path}", f"--rlk-matrix-root={root}",
+    result = pytester.runpytest(f"--rlk-matrix={path}", f"--rlk-matrix-root={root}",
                                            "-p", "no:cacheprovider", "-m", "rlk_factor")
     report = json.loads((root / "matrix-report.json").read_text())
     cells = {c["artifact_dir"].split("/")[-1]: c for c in report["cells"]}

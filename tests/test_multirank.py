@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Not about preflight: these sessions take the test run's shared probe (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("reuse_probe")
 SMALL = "--num-prompts 5 --max-new-tokens 24 --micro-batch-size 3"
 
 
@@ -36,8 +38,9 @@ topology = {{ {topology} }}
 
 def _run(pytester: pytest.Pytester, matrix: Path, root: Path, *args: str,
          ) -> tuple[pytest.RunResult, dict]:
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}",
-                                           "-p", "no:cacheprovider", *args)
+    # in-process: no fresh interpreter needed (the cells are processes of their own)
+    result = pytester.runpytest(f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}",
+                                "-p", "no:cacheprovider", *args)
     return result, json.loads((root / "matrix-report.json").read_text())
 
 

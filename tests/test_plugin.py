@@ -417,7 +417,8 @@ def test_profiler_contaminates_performance_only(pytester: pytest.Pytester, make_
 
 @pytest.mark.fresh_probe
 def test_strict_fails_fast_when_preflight_finds_no_r_backend(
-    pytester: pytest.Pytester, make_matrix, tmp_path: Path
+    pytester: pytest.Pytester, make_matrix, tmp_path: Path, shared_probe: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No rl_engine here: strict refuses the R cells before launch; P/P still runs."""
     make_matrix(r_provider="rl_engine", modules='["attention"]')
@@ -439,7 +440,9 @@ def test_strict_fails_fast_when_preflight_finds_no_r_backend(
     assert not (cell_dir / "run.log").exists()  # the job never started
     # attention P/P still needs R for ffn and logp (fixed at R/R): refused too
     assert _cell(report, "attention", "P/P")["verdict"] == "unsupported"
-    # off mode needs no RL-Kernel at all: the native baseline runs
+    # off mode needs no RL-Kernel at all: the native baseline runs (the sessions below take the
+    # shared probe: the same interpreter, probed once; the session above ran its own)
+    monkeypatch.setenv("RLK_REUSE_PROBE", str(shared_probe))
     off = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'off'}", "--rlk-mode=off")
     assert off.ret == 0
     assert _cell(_report(tmp_path / "off"), "attention", "P/P")["verdict"] == "valid"

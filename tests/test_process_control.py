@@ -79,7 +79,10 @@ def _report(root: Path) -> dict:
     return json.loads((root / "matrix-report.json").read_text())
 
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+# Not about preflight: the sessions take the test run's shared probe (tests/conftest.py; the
+# Popen'd sessions inherit RLK_REUSE_PROBE with the environment).
+pytestmark = [pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc"),
+              pytest.mark.usefixtures("reuse_probe")]
 
 
 def test_timeout_stops_term_ignoring_and_escaped_processes(pytester: pytest.Pytester,

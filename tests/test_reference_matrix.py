@@ -30,9 +30,11 @@ def _one_step_matrix(pytester: pytest.Pytester) -> Path:
 def _run(pytester: pytest.Pytester, root: Path, *args: str,
          one_step: bool = False) -> tuple[pytest.RunResult, dict]:
     matrix = _one_step_matrix(pytester) if one_step else REPO / "matrix.toml"
-    result = pytester.runpytest_subprocess(f"--rlk-matrix={matrix}",
-                                           f"--rlk-matrix-root={root}", "-p", "no:cacheprovider",
-                                           *args)
+    # In-process: the session needs no fresh interpreter (its cells are processes of their own)
+    # and this one has torch loaded already (a subprocess session imports it again to read the
+    # sidecars: ~4 s of CPU per session on the 2-core box).
+    result = pytester.runpytest(f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}",
+                                "-p", "no:cacheprovider", *args)
     return result, json.loads((root / "matrix-report.json").read_text())
 
 
