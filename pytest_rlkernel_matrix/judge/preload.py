@@ -1,14 +1,15 @@
 """The analysis' imports, started while the session's first cell runs.
 
-The plugin never imports torch or numpy at load (installed, it must leave other projects' pytest
-as it was), so the first analysis of a session paid the session process's `import torch` (seconds
-on a small CPU box) inside its `evidence_s`. The session calls `start()` just before it launches
-(or waits for) a cell's process: the first call starts one daemon thread that, `DELAY_S` later,
-imports what reading evidence and deciding a verdict import (`MODULES`) while the cell's process
-runs; later calls do nothing. Before it analyses a run the session calls `join()`, which returns
-the seconds it waited for the thread (0.0 when it never ran or has finished): that wait is the
-plugin's overhead of that cell (`import_wait_s`), never hidden. The imports compete for the CPUs
-with the cell's processes while they run; docs/benchmarks.md shows what that costs.
+The plugin never imports torch or numpy at load (installed, it must leave other projects'
+pytest as it was), so the first analysis of a session paid the session process's imports
+(`import torch`, seconds on a small CPU box, before the evidence read sidecars as numpy arrays)
+inside its `evidence_s`. The session calls `start()` just before it launches (or waits for) a
+cell's process: the first call starts one daemon thread that, `DELAY_S` later, imports what
+reading evidence and deciding a verdict import (`MODULES`) while the cell's process runs; later
+calls do nothing. Before it analyses a run the session calls `join()`, which returns the
+seconds it waited for the thread (0.0 when it never ran or has finished): that wait is the
+plugin's overhead of that cell (`import_wait_s`), never hidden. The imports compete for the
+CPUs with the cell's processes while they run; docs/benchmarks.md shows what that costs.
 
 Only a session that runs cells calls `start()`: collection (`--collect-only`), `--rlk-plan`,
 `rlk-matrix report` and other projects' sessions never do. A failed import is left to the
@@ -21,10 +22,12 @@ import importlib
 import threading
 import time
 
+# No torch: the evidence reads sidecars as numpy arrays (`judge/ptread.load_arrays`) and imports
+# torch only for a file that fast path does not read, so preloading it would cost every session
+# seconds of CPU its analysis does not use.
 MODULES = (
     "numpy",
     "numpy.ma",
-    "torch",
     "pytest_rlkernel_matrix.judge.evidence",
     "pytest_rlkernel_matrix.judge.verdict",
     "pytest_rlkernel_matrix.judge.upstream",
