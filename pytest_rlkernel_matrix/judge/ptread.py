@@ -530,14 +530,22 @@ def load_arrays(raw: bytes, name: str = "<bytes>") -> Any | None:
     return obj
 
 
-def pt_dict(raw: bytes, name: str, problems: list[str], what: str = "") -> dict[str, Any] | None:
-    """The dict a `.pt` file's bytes hold, with torch tensors (`read_pt`), or None with the
-    reason in `problems`."""
+def _torch(name: str, problems: list[str], what: str) -> Any:
+    """The torch module, or None with the reason in `problems`."""
     try:
         import torch
     except ImportError:
         problems.append(f"cannot read {what}{name}: torch is not installed in the plugin's "
                         "Python")
+        return None
+    return torch
+
+
+def pt_dict(raw: bytes, name: str, problems: list[str], what: str = "") -> dict[str, Any] | None:
+    """The dict a `.pt` file's bytes hold, with torch tensors (`read_pt`), or None with the
+    reason in `problems`."""
+    torch = _torch(name, problems, what)
+    if torch is None:
         return None
     try:
         data = read_pt(raw, torch, name)
@@ -555,11 +563,7 @@ def read_pt_dict(path: Path, root: Path, max_bytes: int, problems: list[str],
     """(object, bytes) of a `.pt` file under `root` that must hold a dict, read through
     `store.safeio` (capped, regular, inside `root`) and `read_pt`; or None with the reason in
     `problems` (``what`` prefixes the file's name there: ``"probe "``)."""
-    try:
-        import torch  # noqa: F401  (said before the file is read, as it always was)
-    except ImportError:
-        problems.append(f"cannot read {what}{path.name}: torch is not installed in the "
-                        "plugin's Python")
+    if _torch(path.name, problems, what) is None:  # said before the file is read
         return None
     try:
         raw = read_bytes(path, root, max_bytes)
