@@ -280,15 +280,18 @@ def pt_memo() -> Iterator[None]:
         _LOCAL.memo = outer
 
 
-def _load_pt(path: Path, root: Path, problems: list[str]) -> tuple[dict[str, Any], str] | None:
-    """(dict, sha256 of the bytes) of one `.pt` file, or None with a problem recorded."""
+def _load_pt(path: Path, root: Path, problems: list[str], sidecar: bool = False,
+             ) -> tuple[dict[str, Any], str] | None:
+    """(dict, sha256 of the bytes) of one `.pt` file, or None with a problem recorded; inside
+    `pt_memo()` read once (`sidecar`: by `_read_sidecar_file`, see `_load_sidecar`)."""
     memo = getattr(_LOCAL, "memo", None)
     if memo is None:
         return _read_pt_file(path, root, problems)
     key = (str(path), str(root))
     if key not in memo:
         said: list[str] = []
-        memo[key] = (_read_pt_file(path, root, said), said)
+        memo[key] = (_read_sidecar_file(path, root, said, memo) if sidecar
+                     else _read_pt_file(path, root, said), said)
     loaded, said = memo[key]
     problems.extend(said)
     return loaded
@@ -302,16 +305,7 @@ def _load_sidecar(path: Path, root: Path, problems: list[str],
     Those give `read_sidecar` and `float_array` the values torch's tensors give. Any other
     file is read again from the same bytes the torch way, so what is said about it (a
     refusal's wording included) is what the torch tensors make of it."""
-    memo = getattr(_LOCAL, "memo", None)
-    if memo is None:
-        return _load_pt(path, root, problems)
-    key = (str(path), str(root))
-    if key not in memo:
-        said: list[str] = []
-        memo[key] = (_read_sidecar_file(path, root, said, memo), said)
-    loaded, said = memo[key]
-    problems.extend(said)
-    return loaded
+    return _load_pt(path, root, problems, sidecar=True)
 
 
 def _arrays_only_in_lists(data: dict[str, Any]) -> bool:
