@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for this wave's H200 examples (issues 21-24), each stage's log under $OUT and
 # each matrix root's small artifacts (no .pt sidecars) as one tar.gz.
-# Usage: scripts/h200_wave4.sh [stages]; stages: any of tests,compare,probe,steps,factors.
+# Usage: scripts/h200_wave4.sh [stages]; stages: any of tests,compare,profile,probe,steps,factors.
 set -u
 STAGES=${1:-tests,compare,probe}
 . "$(dirname "$0")/device_env.sh"
@@ -28,6 +28,10 @@ if [[ $STAGES == *compare* ]]; then
   python3 benchmarks/step_compare.py --out /tmp/cmp --configs "${CONFIGS:-R,P,P-unfused,R-sort}" \
     > "$OUT/step-compare.log" 2>&1; tail -14 "$OUT/step-compare.log"
   cp /tmp/cmp/summary.json "$OUT/step-compare.json" 2>/dev/null
+fi
+if [[ $STAGES == *profile* ]]; then  # PROFILE_ENV="RLK_REF_P_COMPILE=1 ..." picks P's routes
+  env ${PROFILE_ENV:-} python3 benchmarks/profile_step.py --case "${PROFILE_CASE:-P/P}" \
+    > "$OUT/profile.log" 2>&1; tail -45 "$OUT/profile.log"
 fi
 if [[ $STAGES == *probe* ]]; then
   matrix probe docs/examples/h200-probe-lite.toml --rlk-probe -k "attention and (R/R or P/R)"
