@@ -36,11 +36,14 @@ CONFIGS = {
     "P": ("P/P", {}),
     "P-eager": ("P/P", {"RLK_REF_DECODE_GRAPHS": "0"}),
     "R-eager": ("R/R", {"RLK_REF_DECODE_GRAPHS": "0"}),
-    # vLLM's production decode (opt-in until measured): native.py's functions compiled by
-    # Inductor, and the decode attention over the keys in use (span buckets of 32)
-    "P-native": ("P/P", {"RLK_REF_P_COMPILE": "1", "RLK_REF_DECODE_SPAN_UNIT": "32"}),
-    "P-compile": ("P/P", {"RLK_REF_P_COMPILE": "1"}),
-    "P-span": ("P/P", {"RLK_REF_DECODE_SPAN_UNIT": "32"}),
+    # P's decode before issue 24 item 6: eager native math, masked SDPA over the whole cache,
+    # the eager sampler passes (the default since: Inductor-compiled math, flash varlen)
+    "P-earlier": ("P/P", {"RLK_REF_P_COMPILE": "0", "RLK_REF_P_DECODE_ATTN": "sdpa",
+                          "RLK_REF_SAMPLER_COMPILE": "0"}),
+    "P-sdpa": ("P/P", {"RLK_REF_P_DECODE_ATTN": "sdpa"}),  # masked SDPA decode attention
+    "P-eagermath": ("P/P", {"RLK_REF_P_COMPILE": "0"}),  # native decode math not compiled
+    "P-span": ("P/P", {"RLK_REF_P_DECODE_ATTN": "sdpa", "RLK_REF_DECODE_SPAN_UNIT": "32"}),
+    "R-eagersampler": ("R/R", {"RLK_REF_SAMPLER_COMPILE": "0"}),  # the sampler's eager passes
     "P-unfused": ("P/P", {"RLK_REF_FAST": "0"}),  # sort-based sampler, unfused P CUDA paths
     "R-sort": ("R/R", {"RLK_REF_FAST": "0"}),  # the sort-based sampler under R
     # the earlier R backward: loss forward + backward on the tiled torch R path
@@ -118,6 +121,7 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict:
         "backward_method": learning.get("backward_method"),
         "first_step_s": parsed["steps"][0].get("perf/step_time") if parsed["steps"] else None,
         "p_decode": manifest.get("rollout_p_decode"),
+        "sampler": manifest.get("rollout_sampler"),
     }
 
 

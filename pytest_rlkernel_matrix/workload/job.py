@@ -72,7 +72,7 @@ from .parallel import (
     zigzag_index,
 )
 from .probe import PERTURB_FACTOR, ProbeRequest
-from .sampling import FAST_PATHS, sample_top_p
+from .sampling import FAST_PATHS, sample_top_p, sampler_mode
 from .upstream import (
     manifest_fields,
     native_training_logp,
@@ -591,6 +591,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
     manifest["rollout_p_decode"] = native.decode_mode()  # native.py: compiled or eager, why
+    manifest["rollout_sampler"] = sampler_mode()  # sampling.py: its passes compiled or eager
     if lead:
         write_json(env.artifact_dir / "manifest.json", manifest)
     if env.mode == "strict" and any(routes[s].fallbacks for s in SIDES):

@@ -43,7 +43,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import native
-from .native import rotate_half as _rotate_half
 from .parallel import Group, fixed_order_sum
 from .sampling import FAST_PATHS
 from .weights import AttnInputs, LayerWeights
@@ -298,8 +297,8 @@ class AttentionKernel(ModuleKernel):
             v = o_(n + "self_attn.v_proj", v, "col")
             q = o_(n + "self_attn.q_norm", _r_rms(q.reshape(-1, hq, d), wqn, self.eps), "col")
             k = o_(n + "self_attn.k_norm", _r_rms(k.reshape(-1, hkv, d), wkn, self.eps), "col")
-            q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
-            k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+            q = q * cos[:, None] + native.rotate_half(q) * sin[:, None]
+            k = k * cos[:, None] + native.rotate_half(k) * sin[:, None]
             return q, k.to(self.dtype), v.reshape(-1, hkv, d).to(self.dtype)
 
         with self._tiles(b * t):
@@ -398,15 +397,17 @@ class AttentionKernel(ModuleKernel):
 
     def _p_decode(self, q: Tensor, inp: AttnInputs, lw: LayerWeights, b: int, hq: int, hkv: int,
                   d: int) -> Tensor:
-        """Decode attention: the KV cache read in place up to ``inp.span`` (the keys in use),
-        query heads grouped per KV head, then the output projection."""
+        """Decode attention (flash varlen on CUDA, ``native.flash_decode``; else masked SDPA over
+        the cache read in place up to ``inp.span``), then the output projection."""
         assert inp.cache is not None
         n, span = f"model.layers.{lw.index}.", inp.span
-        kc = inp.cache.k[:, :span].transpose(1, 2)  # [B, Hkv, span, D] views, no copy
-        vc = inp.cache.v[:, :span].transpose(1, 2)
-        mask = torch.arange(span, device=q.device)[None, :] <= inp.positions
-        o = F.scaled_dot_product_attention(q.reshape(b, hkv, hq // hkv, d), kc, vc,
-                                           attn_mask=mask[:, None, None, :])
+        if FAST_PATHS and self.tap is None and native.flash_decode_ok(q):
+            o = native.flash_decode(q.reshape(b, hq, d), inp.cache.k, inp.cache.v, inp.positions)
+        else:  # [B, Hkv, span, D] views of the cache, query heads grouped per KV head
+            kc, vc = inp.cache.k[:, :span].transpose(1, 2), inp.cache.v[:, :span].transpose(1, 2)
+            mask = torch.arange(span, device=q.device)[None, :] <= inp.positions
+            o = F.scaled_dot_product_attention(q.reshape(b, hkv, hq // hkv, d), kc, vc,
+                                               attn_mask=mask[:, None, None, :])
         o = self._o(n + "self_attn.attn", o.reshape(b, 1, hq * d), "col")
         return self._o(n + "self_attn.o_proj", F.linear(o, lw.o_proj), "row")
 

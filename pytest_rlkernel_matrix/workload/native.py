@@ -14,12 +14,13 @@ path and the compiled one are the same code:
 - ``decode_logp``: final norm, LM head, fp32 temperature-scaled log-softmax.
 
 ``compiled(fn)`` is ``fn`` compiled (``fullgraph``, the batch dimension dynamic, so the decode
-graphs' batch buckets share one compile) on CUDA when ``RLK_REF_P_COMPILE=1``; the caller keeps
-the eager function on CPU, under a probe tap, or when the compile fails (``STATUS`` says which,
-and the run's manifest records it). It is opt-in: the compiled path has not yet run on a GPU
-(docs/benchmarks.md says what is measured), so the default P stays the measured eager one.
-The KV-cache write and the decode attention (masked SDPA over the keys in use) stay outside
-the compiled functions. R never comes here.
+graphs' batch buckets share one compile) on CUDA (``RLK_REF_P_COMPILE=0`` keeps it eager);
+the caller keeps the eager function on CPU, under a probe tap, or when the compile fails
+(``STATUS`` says which, and the run's manifest records it). docs/benchmarks.md has what each
+route gains on one H200.
+The KV-cache write and the decode attention stay outside the compiled functions; on CUDA the
+attention is ``flash_decode`` (flash varlen over each sequence's own keys, as vLLM's
+FlashAttention backend), elsewhere masked SDPA over the keys in use. R never comes here.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-COMPILE = os.environ.get("RLK_REF_P_COMPILE", "0") == "1"
+COMPILE = os.environ.get("RLK_REF_P_COMPILE", "1") != "0"
 # What the P rollout decode ran: "inductor" once a compiled function ran, "eager" with a reason.
 STATUS: dict[str, str] = {}
 _COMPILED: dict[str, Callable[..., Any]] = {}
@@ -97,14 +98,56 @@ def decode_logp(h: Tensor, norm_w: Tensor, lm_head: Tensor, eps: float,
     return torch.log_softmax(logits.float() / temperature, dim=-1)
 
 
+# P's decode attention on CUDA as vLLM's FlashAttention backend runs it: flash varlen over each
+# sequence's own keys (``seqused_k``), grouped KV heads inside the kernel, the token-major cache
+# read in place. RLK_REF_P_DECODE_ATTN=sdpa keeps the masked SDPA over the whole span.
+DECODE_ATTN = os.environ.get("RLK_REF_P_DECODE_ATTN", "flash")
+
+
+def flash_decode_ok(q: Tensor) -> bool:
+    """Whether flash varlen decode attention can run for ``q`` (CUDA, bf16/fp16, a torch
+    whose flash forward takes ``seqused_k``); the first refusal is said in ``STATUS``."""
+    if DECODE_ATTN != "flash" or not q.is_cuda:
+        return False
+    if "decode_attention" in STATUS:
+        return STATUS["decode_attention"] == "flash_varlen"
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    why = ("no aten._flash_attention_forward" if op is None
+           else "its flash forward takes no seqused_k" if "seqused_k" not in str(op.default._schema)
+           else f"dtype {q.dtype}" if q.dtype not in (torch.bfloat16, torch.float16)
+           else "")
+    if not why:  # a trial call on this device (a ROCm build may lack the varlen path)
+        try:
+            z = q.new_zeros(2, 1, 1, q.shape[-1])
+            flash_decode(q.new_zeros(2, 1, q.shape[-1]), z, z, torch.zeros(2, 1, device=q.device))
+        except RuntimeError as exc:
+            why = f"flash varlen failed: {str(exc)[:160]}"
+    STATUS["decode_attention"] = "flash_varlen" if not why else f"masked sdpa: {why}"
+    return not why
+
+
+def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor) -> Tensor:
+    """One query per sequence ``q [B, Hq, D]`` against the token-major cache ``[B, cap, Hkv, D]``,
+    row ``i`` attending to its keys ``0 .. positions[i]`` -> ``[B, Hq, D]``."""
+    b, cap, hkv, d = k_cache.shape
+    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    used = (positions.reshape(b) + 1).to(torch.int32)
+    return torch.ops.aten._flash_attention_forward(
+        q, k_cache.view(b * cap, hkv, d), v_cache.view(b * cap, hkv, d), cu_q, cu_q * cap, 1,
+        cap, 0.0, False, False, seqused_k=used)[0]
+
+
 def use_compiled(x: Tensor) -> bool:
     """Whether P's decode math runs compiled for an input on ``x``'s device."""
     return COMPILE and x.is_cuda
 
 
-def compiled(fn: Callable[..., Any], batch_args: tuple[int, ...] = (0,)) -> Callable[..., Any]:
+def compiled(fn: Callable[..., Any], batch_args: tuple[int, ...] = (0,),
+             status: dict[str, str] | None = None) -> Callable[..., Any]:
     """``fn`` compiled by Inductor with a dynamic batch (dimension 0 of the tensor arguments at
-    ``batch_args``), built on first use; the eager ``fn`` when compiling fails (``STATUS``)."""
+    ``batch_args``), built on first use; the eager ``fn`` when compiling fails, said in
+    ``status`` (default ``STATUS``; the sampler keeps its own)."""
+    status = STATUS if status is None else status
     name = fn.__name__
     found = _COMPILED.get(name)
     if found is not None:
@@ -120,11 +163,11 @@ def compiled(fn: Callable[..., Any], batch_args: tuple[int, ...] = (0,)) -> Call
         try:
             out = comp(*args)
         except Exception as exc:  # Inductor missing a compiler, an unsupported op, ...
-            STATUS[name] = f"eager: compile failed: {type(exc).__name__}: {str(exc)[:200]}"
+            status[name] = f"eager: compile failed: {type(exc).__name__}: {str(exc)[:200]}"
             _COMPILED[name] = fn
-            print(f"[rlk-reference] P decode {name}: {STATUS[name]}")
+            print(f"[rlk-reference] {name}: {status[name]}")
             return fn(*args)
-        STATUS.setdefault(name, "inductor")
+        status.setdefault(name, "inductor")
         return out
 
     _COMPILED[name] = run
@@ -132,7 +175,9 @@ def compiled(fn: Callable[..., Any], batch_args: tuple[int, ...] = (0,)) -> Call
 
 
 def decode_mode() -> str:
-    """One line for the manifest: how P's rollout decode math ran in this process."""
-    if not STATUS:
-        return "eager" if not COMPILE else "not used"
-    return "; ".join(f"{k}: {v}" for k, v in sorted(STATUS.items()))
+    """One line for the manifest: how P's rollout decode math and attention ran here."""
+    math = {k: v for k, v in STATUS.items() if k != "decode_attention"}
+    line = ("; ".join(f"{k}: {v}" for k, v in sorted(math.items())) if math
+            else "eager" if not COMPILE else "not used")
+    attn = STATUS.get("decode_attention")
+    return f"{line}; attention: {attn}" if attn else line

@@ -29,6 +29,7 @@ R logprob was the same bits. Integer sums are associative: the token is the batc
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,14 +63,53 @@ def _fixed(probs: Tensor) -> Tensor:
     return (probs * FIXED_POINT).to(torch.int64)
 
 
-def _draw(q: Tensor, pivot: Tensor | None, u: Tensor) -> Tensor:
-    """Inverse-CDF draw in vocabulary order among the tokens with ``q > pivot`` (int64 ``q``)."""
-    cand = q if pivot is None else q * (q > pivot[:, None])
-    cdf = cand.cumsum(-1)  # exact: integer
-    total = cdf[:, -1]
+BLOCK = 128  # tokens per block of the two-level draw (the vocabulary padded to a multiple)
+# On CUDA the two passes over the vocabulary (block sums, mass above a token) run as Inductor
+# kernels that never write the [B, V] int64 fixed-point tensor: the same integers, the same
+# tokens as the eager functions (the casts and the comparisons are exact, the sums integer).
+COMPILE = FAST_PATHS and os.environ.get("RLK_REF_SAMPLER_COMPILE", "1") != "0"
+STATUS: dict[str, str] = {}  # what the sampler's passes ran: "inductor", or "eager" and why
+
+
+def _block_sums(probs: Tensor, pivot: Tensor) -> Tensor:
+    """``[B, V/BLOCK]`` int64: each block's fixed-point mass of the tokens with ``q > pivot``."""
+    q = (probs * FIXED_POINT).to(torch.int64)
+    q = torch.where(q > pivot[:, None], q, 0)
+    return q.view(q.shape[0], -1, BLOCK).sum(-1)
+
+
+def _mass_above(probs: Tensor, qt: Tensor) -> Tensor:
+    """``[B]`` int64: the fixed-point mass of the tokens strictly more probable than ``qt``."""
+    q = (probs * FIXED_POINT).to(torch.int64)
+    return torch.where(q > qt[:, None], q, 0).sum(-1)
+
+
+def _pass(fn: Any, probs: Tensor) -> Any:
+    """``fn`` compiled on CUDA (dynamic batch), else eager; eager for good if compiling fails."""
+    if not (COMPILE and probs.is_cuda):
+        return fn
+    from .native import compiled  # torch.compile wrapper shared with P's decode math
+
+    return compiled(fn, (0, 1), STATUS)
+
+
+def _draw(probs: Tensor, pivot: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF draw in vocabulary order among the tokens with ``q > pivot``, in two levels:
+    the block holding the draw from the blocks' cumulative masses, then the token inside it.
+    The index is the one-level ``searchsorted(cumsum(q), x, right=True)``'s (exact integers)."""
+    b = probs.shape[0]
+    sums = _pass(_block_sums, probs)(probs, pivot)
+    bcdf = sums.cumsum(-1)
+    total = bcdf[:, -1]
     x = torch.minimum((u.double() * total.double()).floor().to(torch.int64), total - 1)
-    idx = torch.searchsorted(cdf, x[:, None].contiguous(), right=True)
-    return idx.clamp(max=q.shape[-1] - 1)[:, 0]
+    j = torch.searchsorted(bcdf, x[:, None].contiguous(), right=True).clamp(
+        max=bcdf.shape[-1] - 1)
+    before = torch.where(j > 0, bcdf.gather(-1, (j - 1).clamp(min=0)), 0)
+    blk = probs.view(b, -1, BLOCK).gather(1, j[:, :, None].expand(b, 1, BLOCK))[:, 0]
+    q = _fixed(blk)
+    q = torch.where(q > pivot[:, None], q, 0)
+    idx = torch.searchsorted(q.cumsum(-1), (x[:, None] - before).contiguous(), right=True)
+    return (j * BLOCK + idx.clamp(max=BLOCK - 1))[:, 0]
 
 
 def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
@@ -80,26 +120,36 @@ def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
     probs = logprobs.exp()
     if not FAST_PATHS:  # RLK_REF_FAST=0: the sort-based rule (same distribution)
         return _sorted_top_p(probs, top_p, u)
-    q = _fixed(probs)
+    v = probs.shape[-1]
+    if v % BLOCK:  # zero-probability padding: never drawn, never above a token
+        probs = torch.nn.functional.pad(probs, (0, BLOCK - v % BLOCK))
+    pivot = torch.full((probs.shape[0],), -1, dtype=torch.int64, device=probs.device)
     if top_p >= 1.0:
-        return _draw(q, None, u)
+        return _draw(probs, pivot, u)
     limit = int(top_p * FIXED_POINT)
-    tok = torch.empty(q.shape[0], dtype=torch.long, device=q.device)
-    rows = torch.arange(q.shape[0], device=q.device)
-    pivot: Tensor | None = None
+    tok = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    rows = torch.arange(probs.shape[0], device=probs.device)
     uu = u
     for k in range(MAX_ROUNDS):
-        t = _draw(q, pivot, _round_uniform(uu, k))
-        qt = q.gather(-1, t[:, None])
-        above = (q * (q > qt)).sum(-1)  # exact: integer
-        ok = above < limit
+        t = _draw(probs, pivot, _round_uniform(uu, k))
+        qt = _fixed(probs.gather(-1, t[:, None]))[:, 0]
+        ok = _pass(_mass_above, probs)(probs, qt) < limit
         tok[rows[ok]] = t[ok]
         if bool(ok.all()):
             return tok
         keep = (~ok).nonzero()[:, 0]
-        rows, q, uu, pivot = rows[keep], q[keep], uu[keep], qt[keep, 0]
-    tok[rows] = q.argmax(-1)
+        rows, probs, uu, pivot = rows[keep], probs[keep], uu[keep], qt[keep]
+    tok[rows] = _fixed(probs[:, :v]).argmax(-1)
     return tok
+
+
+def sampler_mode() -> str:
+    """One line for the manifest: how the sampler's passes over the vocabulary ran."""
+    if not FAST_PATHS:
+        return "sort-based (RLK_REF_FAST=0)"
+    if not STATUS:
+        return "eager" if not COMPILE else "eager (no CUDA input)"
+    return "; ".join(f"{k}: {v}" for k, v in sorted(STATUS.items()))
 
 
 def _sorted_top_p(probs: Tensor, top_p: float, u: Tensor) -> Tensor:

@@ -76,8 +76,8 @@ def fast_qk_norm_rope(qkv: Tensor, cos: Tensor, sin: Tensor, qn: Tensor, knw: Te
         q, k = kn._r_rms(h[:, :hq], qn.float(), eps), kn._r_rms(h[:, hq:hq + hkv], knw.float(), eps)
         nq, nk = q, k
         q, k = q * scale[0], k * scale[1]
-        q = q * c[:, None] + kn._rotate_half(q) * s[:, None]
-        k = k * c[:, None] + kn._rotate_half(k) * s[:, None]
+        q = q * c[:, None] + kn.native.rotate_half(q) * s[:, None]
+        k = k * c[:, None] + kn.native.rotate_half(k) * s[:, None]
         return q.to(dt), k.to(dt), h[:, hq + hkv:].to(dt), nq, nk
 
     out = kn._tiled(pre, TILE, qkv, cos, sin)

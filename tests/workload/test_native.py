@@ -64,7 +64,7 @@ def test_decode_span_only_cuts_masked_keys() -> None:
 
 def test_cpu_rollout_reports_the_decode_as_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """No compile on the CPU: the manifest's line says the native functions were not used;
-    with the compile off (the default) it says eager."""
+    with the compile off it says eager (and no flash attention on the CPU)."""
     model, k, caches, nxt, lengths = _setup(torch.device("cpu"), torch.float32)
     native.STATUS.clear()
     monkeypatch.setattr(native, "COMPILE", True)
@@ -111,7 +111,9 @@ def test_gpu_compiled_decode_close_to_eager_and_graphed(monkeypatch: pytest.Monk
     monkeypatch.setattr(native, "COMPILE", True)
     with torch.inference_mode():
         comp, _ = _decode(model, k, caches, nxt, lengths)
-        assert set(native.STATUS) == {"decode_attn_pre", "decode_ffn", "decode_logp"}
+        assert set(native.STATUS) == {"decode_attn_pre", "decode_ffn", "decode_logp",
+                                      "decode_attention"}
+        assert native.STATUS.pop("decode_attention") == "flash_varlen"
         assert all(v == "inductor" for v in native.STATUS.values()), native.STATUS
         monkeypatch.setattr(native, "COMPILE", False)
         eager, _ = _decode(model, k, caches, nxt, lengths)
@@ -127,3 +129,29 @@ def test_gpu_compiled_decode_close_to_eager_and_graphed(monkeypatch: pytest.Monk
     assert ro.execution_mode == ("compiled_hip_graph" if torch.version.hip
                                  else "compiled_cuda_graph")
     assert [t.numel() - p for t, p in zip(ro.tokens, ro.prompt_lengths, strict=True)] == max_new
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+def test_gpu_flash_decode_is_masked_attention_over_each_rows_keys() -> None:
+    """Flash varlen over ``positions + 1`` keys of the token-major cache: the masked SDPA's
+    output to bf16 rounding, for rows at the first key, mid-cache and the last slot; keys past
+    a row's position (garbage here) never count."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    b, cap, hq, hkv, d = 37, 192, 16, 8, 128
+    kc = torch.randn(b, cap, hkv, d, device="cuda", generator=g).bfloat16()
+    vc = torch.randn(b, cap, hkv, d, device="cuda", generator=g).bfloat16()
+    q = torch.randn(b, hq, d, device="cuda", generator=g).bfloat16()
+    pos = torch.randint(0, cap, (b, 1), device="cuda", generator=g)
+    pos[0, 0], pos[1, 0] = 0, cap - 1
+    assert native.flash_decode_ok(q), native.STATUS
+    got = native.flash_decode(q, kc, vc, pos)
+    mask = torch.arange(cap, device="cuda")[None, :] <= pos
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.reshape(b, hkv, hq // hkv, d), kc.transpose(1, 2), vc.transpose(1, 2),
+        attn_mask=mask[:, None, None, :]).reshape(b, hq, d)
+    assert got.shape == (b, hq, d) and got.dtype == torch.bfloat16
+    assert (got.float() - want.float()).abs().max().item() < 2e-2
+    kc2 = kc.clone()
+    kc2[torch.arange(cap, device="cuda")[None, :].expand(b, cap) > pos] = 1e4  # after the keys
+    assert torch.equal(native.flash_decode(q, kc2, vc, pos), got)

@@ -51,6 +51,31 @@ def test_top_p_one_and_the_round_limit() -> None:
         == [1, 1, 1, 1]
 
 
+def _one_level(q: torch.Tensor, pivot: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The draw as one cumulative sum over the whole vocabulary (the earlier definition)."""
+    cdf = torch.where(q > pivot[:, None], q, 0).cumsum(-1)
+    total = cdf[:, -1]
+    x = torch.minimum((u.double() * total.double()).floor().to(torch.int64), total - 1)
+    return torch.searchsorted(cdf, x[:, None].contiguous(), right=True)[:, 0]
+
+
+@pytest.mark.parametrize("v", [sampling.BLOCK * 9, 1000])  # a vocabulary padded to BLOCK too
+def test_two_level_draw_is_the_one_level_cumsum_draw(v: int) -> None:
+    """Block masses then the token inside the block: the index one cumsum over the vocabulary
+    gives, for every pivot (rejection round) and uniforms at both ends, zeros in between."""
+    lp = _rows(10, 64, v, 3.0)
+    lp[:, 5:40] = float("-inf")  # zero-probability runs: never drawn
+    probs = lp.exp()
+    padded = torch.nn.functional.pad(probs, (0, -v % sampling.BLOCK))
+    q = sampling._fixed(probs)
+    u = torch.cat([torch.rand(60, generator=torch.Generator().manual_seed(11)),
+                   torch.tensor([0.0, 1e-12, 0.999999, 1.0 - 2.0**-24])])
+    for pivot in (torch.full((64,), -1), q.median(-1).values, q.max(-1).values - 1):
+        got = sampling._draw(padded, pivot, u)
+        assert torch.equal(got, _one_level(q, pivot, u))
+        assert torch.all(q.gather(-1, got[:, None])[:, 0] > pivot)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_batch_invariant_on_cuda_at_full_vocabulary() -> None:
@@ -93,3 +118,21 @@ def test_processed_logprob_renormalizes_over_the_samplers_nucleus() -> None:
     tied = torch.tensor([[0.4, 0.3, 0.3]]).log()
     assert abs(float(processed_selected(tied, torch.tensor([2]), 0.5).exp()) - 0.3) < 1e-6
     assert abs(float(processed_selected(tied, torch.tensor([0]), 1.0).exp()) - 0.4) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_compiled_passes_give_the_eager_tokens_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Inductor passes (block sums, mass above a token) are exact integer sums of exact
+    casts: on Qwen3's vocabulary the compiled sampler draws the eager sampler's tokens."""
+    b, v = 448, 151_936
+    g = torch.Generator(device="cuda").manual_seed(12)
+    lp = torch.log_softmax(torch.randn(b, v, device="cuda", generator=g) * 3.0, -1)
+    u = torch.rand(b, device="cuda", generator=g)
+    monkeypatch.setattr(sampling, "COMPILE", False)
+    eager = sampling.sample_top_p(lp, 0.95, u)
+    monkeypatch.setattr(sampling, "COMPILE", True)
+    fused = sampling.sample_top_p(lp, 0.95, u)
+    fused_small = sampling.sample_top_p(lp[:37], 0.95, u[:37])  # another batch: dynamic shape
+    assert torch.equal(eager, fused) and torch.equal(eager[:37], fused_small)
+    assert sampling.sampler_mode() == "_block_sums: inductor; _mass_above: inductor"
