@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for this wave's H200 examples (issues 21-24), each stage's log under $OUT and
 # each matrix root's small artifacts (no .pt sidecars) as one tar.gz.
-# Usage: scripts/h200_wave4.sh [stages]; stages: any of tests,compare,profile,probe,steps,factors.
+# Usage: scripts/h200_wave4.sh [stages]; stages: any of tests,compare,profile,probe,example,steps,factors.
 set -u
 STAGES=${1:-tests,compare,probe}
 . "$(dirname "$0")/device_env.sh"
@@ -35,6 +35,9 @@ if [[ $STAGES == *profile* ]]; then  # PROFILE_ENV="RLK_REF_P_COMPILE=1 ..." pic
 fi
 if [[ $STAGES == *probe* ]]; then
   matrix probe docs/examples/h200-probe-lite.toml --rlk-probe -k "attention and (R/R or P/R)"
+fi
+if [[ $STAGES == *example* ]]; then  # docs/examples/h200: the example report's matrix
+  matrix h200 docs/examples/h200-matrix.toml
 fi
 if [[ $STAGES == *steps* ]]; then
   matrix steps docs/examples/h200-steps-matrix.toml -m rlk_baseline -k attention
