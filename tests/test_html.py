@@ -345,3 +345,27 @@ def test_screenshot_script(tmp_path: Path) -> None:
                    capture_output=True, timeout=180)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_template_bytecode_cache_gives_the_same_page(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled template comes from jinja2's per-user bytecode cache after the first render
+    (one file, mode 0600 in a 0700 directory); the page is the same either way, and with no
+    usable cache directory (the temp dir is a file) the page is rendered all the same."""
+    import tempfile
+
+    report = sample_report()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = render_html(report, PREFLIGHT)
+    cache = tmp_path / f"_jinja2-cache-{os.getuid()}"
+    files = list(cache.iterdir())
+    assert len(files) == 1 and files[0].suffix == ".cache"
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert render_html(report, PREFLIGHT) == first  # loaded from the cache
+    files[0].write_bytes(b"not bytecode")  # a damaged cache file: compiled again
+    assert render_html(report, PREFLIGHT) == first
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(blocked))
+    assert html_module._bytecode_cache() is None
+    assert render_html(report, PREFLIGHT) == first

@@ -17,6 +17,7 @@ mark keeps a bitwise cell and a drifting one apart without a click.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -443,13 +444,36 @@ def _preflight(report: Mapping[str, Any], pre: Mapping[str, Any] | None) -> View
 # -- entry points ----------------------------------------------------------------------------------
 
 
+def _bytecode_cache() -> Any:
+    """jinja2's own per-user bytecode cache (a directory it creates with mode 0700 and checks
+    is the user's), so a report does not compile the template again in every process; None
+    where jinja2 finds no safe directory. A cache it cannot read or write costs the compile."""
+    import jinja2
+
+    class QuietCache(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket: Any) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except OSError:
+                bucket.reset()
+
+        def dump_bytecode(self, bucket: Any) -> None:
+            with contextlib.suppress(OSError):
+                super().dump_bytecode(bucket)
+
+    try:
+        return QuietCache()
+    except (OSError, RuntimeError):
+        return None
+
+
 def _environment() -> jinja2.Environment:
     import jinja2
 
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-        lstrip_blocks=True, keep_trailing_newline=True)
+        lstrip_blocks=True, keep_trailing_newline=True, bytecode_cache=_bytecode_cache())
 
 
 def render_html(report: Mapping[str, Any], preflight: Mapping[str, Any] | None = None, *,
