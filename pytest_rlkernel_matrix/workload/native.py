@@ -99,18 +99,21 @@ def decode_logp(h: Tensor, norm_w: Tensor, lm_head: Tensor, eps: float,
 
 
 # P's decode attention on CUDA as vLLM's FlashAttention backend runs it: flash varlen over each
-# sequence's own keys (``seqused_k``), grouped KV heads inside the kernel, the token-major cache
-# read in place. RLK_REF_P_DECODE_ATTN=sdpa keeps the masked SDPA over the whole span.
+# sequence's own keys (``seqused_k``), the token-major cache read in place, the query heads of
+# one KV head packed as that many query rows of its sequence (one kernel row block reads the KV
+# head once for all of them). RLK_REF_P_DECODE_ATTN=flash-rows keeps one query row per head
+# (each query head reads its KV head again), =sdpa the masked SDPA over the whole span.
 DECODE_ATTN = os.environ.get("RLK_REF_P_DECODE_ATTN", "flash")
+PACK_GQA = DECODE_ATTN != "flash-rows"
 
 
 def flash_decode_ok(q: Tensor) -> bool:
     """Whether flash varlen decode attention can run for ``q`` (CUDA, bf16/fp16, a torch
     whose flash forward takes ``seqused_k``); the first refusal is said in ``STATUS``."""
-    if DECODE_ATTN != "flash" or not q.is_cuda:
+    if DECODE_ATTN not in ("flash", "flash-rows") or not q.is_cuda:
         return False
     if "decode_attention" in STATUS:
-        return STATUS["decode_attention"] == "flash_varlen"
+        return STATUS["decode_attention"].startswith("flash_varlen")
     op = getattr(torch.ops.aten, "_flash_attention_forward", None)
     why = ("no aten._flash_attention_forward" if op is None
            else "its flash forward takes no seqused_k" if "seqused_k" not in str(op.default._schema)
@@ -122,19 +125,27 @@ def flash_decode_ok(q: Tensor) -> bool:
             flash_decode(q.new_zeros(2, 1, q.shape[-1]), z, z, torch.zeros(2, 1, device=q.device))
         except RuntimeError as exc:
             why = f"flash varlen failed: {str(exc)[:160]}"
-    STATUS["decode_attention"] = "flash_varlen" if not why else f"masked sdpa: {why}"
+    STATUS["decode_attention"] = (f"masked sdpa: {why}" if why else "flash_varlen, gqa packed"
+                                  if PACK_GQA else "flash_varlen, a row per head")
     return not why
 
 
-def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor) -> Tensor:
+def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor,
+                 pack: bool | None = None) -> Tensor:
     """One query per sequence ``q [B, Hq, D]`` against the token-major cache ``[B, cap, Hkv, D]``,
-    row ``i`` attending to its keys ``0 .. positions[i]`` -> ``[B, Hq, D]``."""
+    row ``i`` attending to its keys ``0 .. positions[i]`` -> ``[B, Hq, D]``. ``pack`` (default
+    ``PACK_GQA``): query head ``h * g + j`` becomes query row ``j`` of KV head ``h`` (``g`` rows
+    per sequence, not causal: every row sees the same keys)."""
     b, cap, hkv, d = k_cache.shape
-    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    hq = q.shape[1]
+    g = hq // hkv if (PACK_GQA if pack is None else pack) else 1
+    cu = torch.arange(b + 1, device=q.device, dtype=torch.int32)
     used = (positions.reshape(b) + 1).to(torch.int32)
-    return torch.ops.aten._flash_attention_forward(
-        q, k_cache.view(b * cap, hkv, d), v_cache.view(b * cap, hkv, d), cu_q, cu_q * cap, 1,
+    qp = q.view(b, hkv, g, d).transpose(1, 2).reshape(b * g, hkv, d) if g > 1 else q
+    out = torch.ops.aten._flash_attention_forward(
+        qp, k_cache.view(b * cap, hkv, d), v_cache.view(b * cap, hkv, d), cu * g, cu * cap, g,
         cap, 0.0, False, False, seqused_k=used)[0]
+    return out.view(b, g, hkv, d).transpose(1, 2).reshape(b, hq, d) if g > 1 else out
 
 
 def use_compiled(x: Tensor) -> bool:

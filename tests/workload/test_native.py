@@ -113,7 +113,7 @@ def test_gpu_compiled_decode_close_to_eager_and_graphed(monkeypatch: pytest.Monk
         comp, _ = _decode(model, k, caches, nxt, lengths)
         assert set(native.STATUS) == {"decode_attn_pre", "decode_ffn", "decode_logp",
                                       "decode_attention"}
-        assert native.STATUS.pop("decode_attention") == "flash_varlen"
+        assert native.STATUS.pop("decode_attention") == "flash_varlen, gqa packed"
         assert all(v == "inductor" for v in native.STATUS.values()), native.STATUS
         monkeypatch.setattr(native, "COMPILE", False)
         eager, _ = _decode(model, k, caches, nxt, lengths)
@@ -131,6 +131,43 @@ def test_gpu_compiled_decode_close_to_eager_and_graphed(monkeypatch: pytest.Monk
     assert [t.numel() - p for t, p in zip(ro.tokens, ro.prompt_lengths, strict=True)] == max_new
 
 
+def _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, p, causal, debug, *, seqused_k):
+    """Flash varlen's contract in plain SDPA: sequence ``i``'s query rows ``cu_q[i]:cu_q[i+1]``
+    attend (not causal) to its first ``seqused_k[i]`` keys from ``cu_k[i]``, KV heads grouped."""
+    assert p == 0.0 and not causal and max_q == int((cu_q[1:] - cu_q[:-1]).max())
+    out = []
+    for i in range(cu_q.numel() - 1):
+        qi, kv = q[cu_q[i]:cu_q[i + 1]], slice(int(cu_k[i]), int(cu_k[i] + seqused_k[i]))
+        assert int(seqused_k[i]) <= max_k
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            qi.transpose(0, 1), k[kv].transpose(0, 1), v[kv].transpose(0, 1),
+            enable_gqa=True).transpose(0, 1))
+    return torch.cat(out), None, None, None, None
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["gqa-packed", "rows"])
+def test_flash_decode_layout_is_masked_decode_attention(monkeypatch: pytest.MonkeyPatch,
+                                                         pack: bool) -> None:
+    """The packing and the cache views around the flash call (on the CPU, the call's varlen
+    contract in plain SDPA): each query head meets its own KV head over its row's keys, so the
+    result is the masked SDPA decode's, with garbage past every row's position ignored."""
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", _varlen_reference)
+    g = torch.Generator().manual_seed(7)
+    b, cap, hq, hkv, d = 5, 24, 8, 2, 16
+    kc, vc = torch.randn(b, cap, hkv, d, generator=g), torch.randn(b, cap, hkv, d, generator=g)
+    q = torch.randn(b, hq, d, generator=g)
+    pos = torch.tensor([[0], [23], [7], [12], [3]])
+    past = torch.arange(cap)[None, :].expand(b, cap) > pos
+    kc[past], vc[past] = 1e4, -1e4  # never read
+    got = native.flash_decode(q, kc, vc, pos, pack=pack)
+    mask = torch.arange(cap)[None, :] <= pos
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.reshape(b, hkv, hq // hkv, d), kc.transpose(1, 2), vc.transpose(1, 2),
+        attn_mask=mask[:, None, None, :]).reshape(b, hq, d)
+    assert got.shape == (b, hq, d)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="no CUDA device")
 def test_gpu_flash_decode_is_masked_attention_over_each_rows_keys() -> None:
@@ -146,6 +183,10 @@ def test_gpu_flash_decode_is_masked_attention_over_each_rows_keys() -> None:
     pos[0, 0], pos[1, 0] = 0, cap - 1
     assert native.flash_decode_ok(q), native.STATUS
     got = native.flash_decode(q, kc, vc, pos)
+    rows = native.flash_decode(q, kc, vc, pos, pack=False)  # one query row per head
+    print(f"GQA-packed vs one row per head: bitwise {torch.equal(got, rows)}, max diff "
+          f"{(got.float() - rows.float()).abs().max().item():.3g}")
+    assert (got.float() - rows.float()).abs().max().item() < 2e-2
     mask = torch.arange(cap, device="cuda")[None, :] <= pos
     want = torch.nn.functional.scaled_dot_product_attention(
         q.reshape(b, hkv, hq // hkv, d), kc.transpose(1, 2), vc.transpose(1, 2),
