@@ -41,7 +41,7 @@ CONFIGS = {
     "P-earlier": ("P/P", {"RLK_REF_P_COMPILE": "0", "RLK_REF_P_DECODE_ATTN": "sdpa",
                           "RLK_REF_SAMPLER_COMPILE": "0"}),
     "P-sdpa": ("P/P", {"RLK_REF_P_DECODE_ATTN": "sdpa"}),  # masked SDPA decode attention
-    "P-rows": ("P/P", {"RLK_REF_P_DECODE_ATTN": "flash-rows"}),  # flash, a query row per head
+    "P-packed": ("P/P", {"RLK_REF_P_DECODE_ATTN": "flash-packed"}),  # heads packed per KV head
     "P-eagermath": ("P/P", {"RLK_REF_P_COMPILE": "0"}),  # native decode math not compiled
     "P-span": ("P/P", {"RLK_REF_P_DECODE_ATTN": "sdpa", "RLK_REF_DECODE_SPAN_UNIT": "32"}),
     "R-eagersampler": ("R/R", {"RLK_REF_SAMPLER_COMPILE": "0"}),  # the sampler's eager passes

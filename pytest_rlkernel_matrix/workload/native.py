@@ -99,18 +99,18 @@ def decode_logp(h: Tensor, norm_w: Tensor, lm_head: Tensor, eps: float,
 
 
 # P's decode attention on CUDA as vLLM's FlashAttention backend runs it: flash varlen over each
-# sequence's own keys (``seqused_k``), the token-major cache read in place, the query heads of
-# one KV head packed as that many query rows of its sequence (one kernel row block reads the KV
-# head once for all of them). RLK_REF_P_DECODE_ATTN=flash-rows keeps one query row per head
-# (each query head reads its KV head again), =sdpa the masked SDPA over the whole span.
+# sequence's own keys (``seqused_k``), the token-major cache read in place, one query row per
+# head (the kernel groups the KV heads). RLK_REF_P_DECODE_ATTN=flash-packed packs the query
+# heads of a KV head as rows of its sequence instead: the same bits, and slower on one H200
+# (docs/benchmarks.md); =sdpa keeps the masked SDPA over the whole span.
 DECODE_ATTN = os.environ.get("RLK_REF_P_DECODE_ATTN", "flash")
-PACK_GQA = DECODE_ATTN != "flash-rows"
+PACK_GQA = DECODE_ATTN == "flash-packed"
 
 
 def flash_decode_ok(q: Tensor) -> bool:
     """Whether flash varlen decode attention can run for ``q`` (CUDA, bf16/fp16, a torch
     whose flash forward takes ``seqused_k``); the first refusal is said in ``STATUS``."""
-    if DECODE_ATTN not in ("flash", "flash-rows") or not q.is_cuda:
+    if DECODE_ATTN not in ("flash", "flash-packed") or not q.is_cuda:
         return False
     if "decode_attention" in STATUS:
         return STATUS["decode_attention"].startswith("flash_varlen")

@@ -113,7 +113,7 @@ def test_gpu_compiled_decode_close_to_eager_and_graphed(monkeypatch: pytest.Monk
         comp, _ = _decode(model, k, caches, nxt, lengths)
         assert set(native.STATUS) == {"decode_attn_pre", "decode_ffn", "decode_logp",
                                       "decode_attention"}
-        assert native.STATUS.pop("decode_attention") == "flash_varlen, gqa packed"
+        assert native.STATUS.pop("decode_attention") == "flash_varlen, a row per head"
         assert all(v == "inductor" for v in native.STATUS.values()), native.STATUS
         monkeypatch.setattr(native, "COMPILE", False)
         eager, _ = _decode(model, k, caches, nxt, lengths)
@@ -183,10 +183,10 @@ def test_gpu_flash_decode_is_masked_attention_over_each_rows_keys() -> None:
     pos[0, 0], pos[1, 0] = 0, cap - 1
     assert native.flash_decode_ok(q), native.STATUS
     got = native.flash_decode(q, kc, vc, pos)
-    rows = native.flash_decode(q, kc, vc, pos, pack=False)  # one query row per head
-    print(f"GQA-packed vs one row per head: bitwise {torch.equal(got, rows)}, max diff "
-          f"{(got.float() - rows.float()).abs().max().item():.3g}")
-    assert (got.float() - rows.float()).abs().max().item() < 2e-2
+    packed = native.flash_decode(q, kc, vc, pos, pack=True)  # query heads as rows per KV head
+    print(f"GQA-packed vs one row per head: bitwise {torch.equal(got, packed)}, max diff "
+          f"{(got.float() - packed.float()).abs().max().item():.3g}")
+    assert (got.float() - packed.float()).abs().max().item() < 2e-2
     mask = torch.arange(cap, device="cuda")[None, :] <= pos
     want = torch.nn.functional.scaled_dot_product_attention(
         q.reshape(b, hkv, hq // hkv, d), kc.transpose(1, 2), vc.transpose(1, 2),
