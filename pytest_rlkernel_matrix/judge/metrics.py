@@ -80,7 +80,66 @@ PartSums = tuple[int, float, float, float] | None
 
 def part_sums(parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
     """Per part, in order: (tokens, float64 sums of |delta|, -delta and k3), each sum one numpy
-    sum over the part, as RL-Kernel adds them; None for a part with a non-finite delta or k3."""
+    sum over the part, as RL-Kernel adds them; None for a part with a non-finite delta or k3.
+
+    Parts of one train dtype and one rollout dtype, 1-d and of equal sizes (a merge's), are
+    taken a batch at a time: delta, |delta|, -delta and k3 made once over the batch's
+    concatenation, elementwise the values each part's own arrays give, and each part's sums
+    taken over its own contiguous slice of them (the same values, the same numpy sum)."""
+    parts = list(parts)
+    if len(parts) < 2 or not _uniform(parts):
+        return _part_sums_each(parts)
+    out: list[PartSums] = []
+    start = 0
+    while start < len(parts):
+        stop, size = start, 0
+        while stop < len(parts) and (stop == start or size + parts[stop][0].size <= _BATCH):
+            size += parts[stop][0].size
+            stop += 1
+        out.extend(_part_sums_batch(parts[start:stop]))
+        start = stop
+    return out
+
+
+_BATCH = 1 << 18  # values per batch: bounded temporaries, few numpy calls per part
+
+
+def _uniform(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> bool:
+    t0, r0 = parts[0][0].dtype, parts[0][1].dtype
+    return all(type(t) is np.ndarray and type(r) is np.ndarray and t.dtype == t0
+               and r.dtype == r0 and t.ndim == 1 and r.ndim == 1 and t.size == r.size
+               for t, r in parts)
+
+
+def _part_sums_batch(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
+    lengths = [t.size for t, _ in parts]
+    delta = (np.concatenate([t for t, _ in parts]).astype(np.float64)
+             - np.concatenate([r for _, r in parts]).astype(np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        k3 = np.exp(delta) - delta - 1.0
+    nonfinite = ~(np.isfinite(delta) & np.isfinite(k3))
+    bad: set[int] = set()
+    if nonfinite.any():  # the parts holding them: the first whose end is past each
+        ends = np.cumsum(np.array(lengths, dtype=np.int64))
+        bad = set(np.searchsorted(ends, np.flatnonzero(nonfinite), side="right").tolist())
+    absd, negd = np.abs(delta), -delta
+    out: list[PartSums] = []
+    at = 0
+    for i, n in enumerate(lengths):
+        end = at + n
+        if n == 0:
+            out.append((0, 0.0, 0.0, 0.0))
+        elif i in bad:
+            out.append(None)
+        else:
+            out.append((n, float(absd[at:end].sum()), float(negd[at:end].sum()),
+                        float(k3[at:end].sum())))
+        at = end
+    return out
+
+
+def _part_sums_each(parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
+    """`part_sums`, one part at a time (any parts)."""
     out: list[PartSums] = []
     for train, roll in parts:
         if train.size == 0:
@@ -130,29 +189,38 @@ def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
     """Per sample: (active tokens, value mismatches, byte mismatches, non-finite deltas, max
     finite |delta| or None), counted as `compute` counts them over the active tokens (byte
     mismatches: every token where train and rollout dtypes differ), so the counts of a set
-    of samples add up to what `compute` gives for it."""
+    of samples add up to what `compute` gives for it (`compute(..., counts=[])` gives both)."""
     if not samples:
         return []
     active = [s.mask.astype(bool) for s in samples]
     train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
     roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
     lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
     neq = train != roll
     bits = (_bits(train) != _bits(roll) if train.dtype == roll.dtype
             else np.ones(train.size, dtype=bool))
     d = train.astype(np.float64) - roll.astype(np.float64)
-    finite = np.isfinite(d)
+    return _counts(lengths, neq, bits, d, np.isfinite(d))
+
+
+def _counts(lengths: np.ndarray, neq: np.ndarray, bits: np.ndarray, d: np.ndarray,
+            finite: np.ndarray) -> list[SampleCounts]:
+    """`sample_counts` from the samples' active lengths and the flags over their active tokens
+    (integer counts per sample: exact in any order of addition)."""
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    some = lengths > 0
+    first = starts[some]
 
     def per_sample(flags: np.ndarray) -> list[int]:
-        total = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
-        return (total[ends] - total[starts]).tolist()
+        total = np.zeros(lengths.size, dtype=np.int64)
+        if first.size:
+            total[some] = np.add.reduceat(flags, first, dtype=np.int64)
+        return total.tolist()
 
-    top = np.full(len(samples), -1.0)
-    some = lengths > 0
-    if train.size:
-        top[some] = np.maximum.reduceat(np.where(finite, np.abs(d), -1.0), starts[some])
+    top = np.full(lengths.size, -1.0)
+    if first.size:
+        top[some] = np.maximum.reduceat(np.where(finite, np.abs(d), -1.0), first)
     return [(n, v, b, n - f, None if t < 0 else t) for n, v, b, f, t in zip(
         lengths.tolist(), per_sample(neq), per_sample(bits), per_sample(finite), top.tolist(),
         strict=True)]
@@ -174,12 +242,13 @@ def bitwise_reason(m: DriftMetrics) -> str | None:
 def compute(samples: Sequence[Sample],
             parts: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
             *, summary_only: bool = False, sums: Sequence[PartSums] | None = None,
-            ) -> DriftMetrics:
+            counts: list[SampleCounts] | None = None) -> DriftMetrics:
     """Metrics over the active tokens of all samples. `parts`: the active (train, rollout)
     values in the order RL-Kernel sums them (its shards), for the pooled figures; default: per
     sample, in the order given; `sums`: those parts' `part_sums`, when already made.
     `summary_only` (the per-step series): the same counts, max and pooled figures, without
-    percentiles, histogram, worst tokens and first mismatches."""
+    percentiles, histogram, worst tokens and first mismatches. `counts`: a list extended with
+    the samples' `sample_counts`, from the same arrays."""
     out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
     if not samples:
         return out
@@ -188,16 +257,23 @@ def compute(samples: Sequence[Sample],
     roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
     n = int(train.size)
     out.active_token_count = n
+    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
     if n == 0:
+        if counts is not None:
+            counts.extend((0, 0, 0, 0, None) for _ in samples)
         return out
     neq = train != roll
     out.mismatch_count = int(np.count_nonzero(neq))
     if train.dtype == roll.dtype:
-        out.bitwise_mismatch_count = int(np.count_nonzero(_bits(train) != _bits(roll)))
+        bits = _bits(train) != _bits(roll)
+        out.bitwise_mismatch_count = int(np.count_nonzero(bits))
     else:
+        bits = np.ones(n, dtype=bool)
         out.bitwise_mismatch_count = n
     d = train.astype(np.float64) - roll.astype(np.float64)  # delta, RL-Kernel's sign
     finite = np.isfinite(d)
+    if counts is not None:
+        counts.extend(_counts(lengths, neq, bits, d, finite))
     out.nonfinite_count = int(n - np.count_nonzero(finite))
     ad = np.abs(d[finite])
     out.mismatch_fraction = out.mismatch_count / n
@@ -221,7 +297,6 @@ def compute(samples: Sequence[Sample],
                              "counts": counts.tolist(), "zero": int(ad.size - np.count_nonzero(ad))}
     if summary_only:
         return out
-    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
     _worst(out, samples, active, lengths, d, neq)
     return out
 
