@@ -65,6 +65,15 @@ class DriftMetrics:
         return asdict(self)
 
 
+def _delta(train: np.ndarray, roll: np.ndarray) -> np.ndarray:
+    """train - rollout in float64: `train.astype(float64) - roll.astype(float64)`, for float
+    inputs as one subtraction that widens them (exact: the same values, no temporaries)."""
+    if train.dtype.kind == "f" and roll.dtype.kind == "f" and max(
+            train.dtype.itemsize, roll.dtype.itemsize) <= 8:
+        return np.subtract(train, roll, dtype=np.float64)
+    return train.astype(np.float64) - roll.astype(np.float64)
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     width = a.dtype.itemsize
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}.get(width, np.uint8))
@@ -113,8 +122,7 @@ def _uniform(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> bool:
 
 def _part_sums_batch(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
     lengths = [t.size for t, _ in parts]
-    delta = (np.concatenate([t for t, _ in parts]).astype(np.float64)
-             - np.concatenate([r for _, r in parts]).astype(np.float64))
+    delta = _delta(np.concatenate([t for t, _ in parts]), np.concatenate([r for _, r in parts]))
     with np.errstate(over="ignore", invalid="ignore"):
         k3 = np.exp(delta) - delta - 1.0
     nonfinite = ~(np.isfinite(delta) & np.isfinite(k3))
@@ -145,7 +153,7 @@ def _part_sums_each(parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[Part
         if train.size == 0:
             out.append((0, 0.0, 0.0, 0.0))
             continue
-        delta = train.astype(np.float64) - roll.astype(np.float64)
+        delta = _delta(train, roll)
         with np.errstate(over="ignore", invalid="ignore"):
             k3 = np.exp(delta) - delta - 1.0
         if not (np.isfinite(delta).all() and np.isfinite(k3).all()):
@@ -199,7 +207,7 @@ def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
     neq = train != roll
     bits = (_bits(train) != _bits(roll) if train.dtype == roll.dtype
             else np.ones(train.size, dtype=bool))
-    d = train.astype(np.float64) - roll.astype(np.float64)
+    d = _delta(train, roll)
     return _counts(lengths, neq, bits, d, np.isfinite(d))
 
 
@@ -270,12 +278,12 @@ def compute(samples: Sequence[Sample],
     else:
         bits = np.ones(n, dtype=bool)
         out.bitwise_mismatch_count = n
-    d = train.astype(np.float64) - roll.astype(np.float64)  # delta, RL-Kernel's sign
+    d = _delta(train, roll)  # delta, RL-Kernel's sign
     finite = np.isfinite(d)
     if counts is not None:
         counts.extend(_counts(lengths, neq, bits, d, finite))
     out.nonfinite_count = int(n - np.count_nonzero(finite))
-    ad = np.abs(d[finite])
+    ad = np.abs(d) if out.nonfinite_count == 0 else np.abs(d[finite])  # (the same values)
     out.mismatch_fraction = out.mismatch_count / n
     if ad.size:
         out.logprob_abs_diff_max = float(ad.max())
@@ -291,13 +299,16 @@ def compute(samples: Sequence[Sample],
         p50, p90, p99 = np.percentile(ad, PERCENTILES)
         out.logprob_abs_diff_p50, out.logprob_abs_diff_p90 = float(p50), float(p90)
         out.logprob_abs_diff_p99 = float(p99)
-        if ad.max() > 0:
-            counts, edges = np.histogram(np.log10(ad[ad > 0]), bins=20)
+        if out.logprob_abs_diff_max > 0:
+            nonzero = int(np.count_nonzero(ad))
+            hist, edges = np.histogram(np.log10(ad if nonzero == ad.size else ad[ad > 0]),
+                                       bins=20)
             out.histogram = {"log10_abs_diff_edges": edges.tolist(),
-                             "counts": counts.tolist(), "zero": int(ad.size - np.count_nonzero(ad))}
+                             "counts": hist.tolist(), "zero": int(ad.size - nonzero)}
     if summary_only:
         return out
-    _worst(out, samples, active, lengths, d, neq)
+    # the worst tokens' scores: |delta|, inf where not finite (`ad` itself when all are)
+    _worst(out, samples, active, lengths, d, neq, ad if out.nonfinite_count == 0 else None)
     return out
 
 
@@ -308,10 +319,13 @@ def _worst(
     lengths: np.ndarray,
     d: np.ndarray,
     neq: np.ndarray,
+    score: np.ndarray | None = None,
 ) -> None:
-    """Largest |d| tokens and each sample's first mismatching position."""
+    """Largest |d| tokens and each sample's first mismatching position (`score`: |d| with inf
+    where d is not finite, when already made)."""
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    score = np.where(np.isfinite(d), np.abs(d), np.inf)
+    if score is None:
+        score = np.where(np.isfinite(d), np.abs(d), np.inf)
     k = min(WORST_TOKENS, score.size)
     top = np.argpartition(-score, k - 1)[:k]
     top = top[np.argsort(-score[top], kind="stable")]
