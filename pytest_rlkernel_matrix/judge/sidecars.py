@@ -84,6 +84,8 @@ def schema_of(data: Mapping[str, Any]) -> str:
 
 
 def _count(value: Any, what: str, minimum: int) -> int:
+    if type(value) is int and value >= minimum:  # a plain int: what the checks below accept
+        return value
     if ((hasattr(value, "numel") and value.numel() == 1)  # a tensor, or as numpy arrays
             or (isinstance(value, np.ndarray) and value.size == 1)):  # `ptread.load_arrays`
         value = value.item()
@@ -96,6 +98,8 @@ def _count(value: Any, what: str, minimum: int) -> int:
 
 def float_array(value: Any, what: str) -> np.ndarray:
     """A 1-D tensor (or list) as numpy; bf16/fp16 widen to fp32 exactly."""
+    if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "fiub":
+        return value  # as `ptread.load_arrays` gives a tensor: what the checks below accept
     if hasattr(value, "detach"):
         t = value.detach().cpu()
         if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
@@ -194,7 +198,7 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
             total=total, response=resp,
             train=float_array(lists["train_log_probs"][i], f"train_log_probs[{i}]"),  # type: ignore[index]
             rollout=float_array(lists["rollout_log_probs"][i], f"rollout_log_probs[{i}]"),  # type: ignore[index]
-            mask=full.astype(bool)[offsets], offsets=offsets))
+            mask=full[offsets].astype(bool), offsets=offsets))  # (sliced, then cast: the same)
     return info, shards
 
 
