@@ -141,6 +141,13 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    # What every cell's analysis imports (numpy among them), imported once here before the
+    # workers fork, instead of once in each worker.
+    import pytest_rlkernel_matrix.judge.evidence
+    import pytest_rlkernel_matrix.judge.verdict
+    import pytest_rlkernel_matrix.run.runner
+    import pytest_rlkernel_matrix.spec.limits  # noqa: F401
+
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx,
