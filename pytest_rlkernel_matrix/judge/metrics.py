@@ -212,9 +212,10 @@ def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
 
 
 def _counts(lengths: np.ndarray, neq: np.ndarray, bits: np.ndarray, d: np.ndarray,
-            finite: np.ndarray) -> list[SampleCounts]:
+            finite: np.ndarray, absd: np.ndarray | None = None) -> list[SampleCounts]:
     """`sample_counts` from the samples' active lengths and the flags over their active tokens
-    (integer counts per sample: exact in any order of addition)."""
+    (integer counts per sample: exact in any order of addition); `absd`: |d|, given when every
+    d is finite."""
     ends = np.cumsum(lengths)
     starts = ends - lengths
     some = lengths > 0
@@ -228,7 +229,8 @@ def _counts(lengths: np.ndarray, neq: np.ndarray, bits: np.ndarray, d: np.ndarra
 
     top = np.full(lengths.size, -1.0)
     if first.size:
-        top[some] = np.maximum.reduceat(np.where(finite, np.abs(d), -1.0), first)
+        top[some] = np.maximum.reduceat(
+            np.where(finite, np.abs(d), -1.0) if absd is None else absd, first)
     return [(n, v, b, n - f, None if t < 0 else t) for n, v, b, f, t in zip(
         lengths.tolist(), per_sample(neq), per_sample(bits), per_sample(finite), top.tolist(),
         strict=True)]
@@ -280,10 +282,11 @@ def compute(samples: Sequence[Sample],
         out.bitwise_mismatch_count = n
     d = _delta(train, roll)  # delta, RL-Kernel's sign
     finite = np.isfinite(d)
-    if counts is not None:
-        counts.extend(_counts(lengths, neq, bits, d, finite))
     out.nonfinite_count = int(n - np.count_nonzero(finite))
     ad = np.abs(d) if out.nonfinite_count == 0 else np.abs(d[finite])  # (the same values)
+    if counts is not None:
+        counts.extend(_counts(lengths, neq, bits, d, finite,
+                              ad if out.nonfinite_count == 0 else None))
     out.mismatch_fraction = out.mismatch_count / n
     if ad.size:
         out.logprob_abs_diff_max = float(ad.max())
