@@ -237,6 +237,7 @@ def merge(shards: Sequence[Shard]) -> Merged:
                 f"sample {sh.index} (DP rank {sh.dp}, CP rank {sh.cp_rank}): "
                 f"{', '.join(differ)} differ ({sh.file} vs {prev.file})")
     groups: dict[tuple[int, int, int], list[Shard]] = {}
+    runs: dict[int, tuple[list[tuple[int, int, int]], int]] = {}  # by id of a shard's offsets
     for sh in first.values():
         if sh.train.size != sh.rollout.size or sh.train.size != sh.offsets.size:
             out.problems.append(
@@ -265,8 +266,31 @@ def merge(shards: Sequence[Shard]) -> Merged:
         train, roll = np.zeros(n, dtype=dtype), np.zeros(n, dtype=rdtype)
         mask = np.zeros(n, dtype=bool)
         for p in parts:
-            train[p.offsets], roll[p.offsets], mask[p.offsets] = p.train, p.rollout, p.mask
+            found = runs.get(id(p.offsets))
+            if found is None:
+                found = runs[id(p.offsets)] = _runs(p.offsets)
+            spans, top = found
+            if top < 0 or top > n or len(spans) > 4:  # not plainly inside: as numpy does it
+                train[p.offsets], roll[p.offsets], mask[p.offsets] = p.train, p.rollout, p.mask
+                continue
+            for at, lo, hi in spans:  # each run of consecutive offsets as one slice
+                end = at + hi - lo
+                train[lo:hi], roll[lo:hi], mask[lo:hi] = (p.train[at:end], p.rollout[at:end],
+                                                          p.mask[at:end])
         out.samples.append(Sample(train=train, rollout=roll, mask=mask, rank=parts[0].rank,
                                   sample=index, call=call))
     return out
 
+
+def _runs(offsets: np.ndarray) -> tuple[list[tuple[int, int, int]], int]:
+    """([(position in `offsets`, first offset, end)] of each run of consecutive offsets, the
+    largest end; -1 for any negative offset): where every offset lies inside `out`, assigning
+    `values[at:at + end - first]` to `out[first:end]` run by run is `out[offsets] = values`."""
+    if offsets.size == 0:
+        return [], 0
+    if int(offsets.min()) < 0:
+        return [], -1
+    cut = (np.flatnonzero(np.diff(offsets) != 1) + 1).tolist()
+    spans = [(a, int(offsets[a]), int(offsets[b - 1]) + 1)
+             for a, b in zip([0, *cut], [*cut, int(offsets.size)], strict=True)]
+    return spans, max(end for _, _, end in spans)
