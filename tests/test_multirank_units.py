@@ -172,3 +172,35 @@ def test_tp_shards_and_zigzag_split() -> None:
     assert zigzag_index(8, 2, 1).tolist() == [2, 3, 4, 5]
     with pytest.raises(ValueError, match="tp=3 does not divide"):
         shard_weights(cfg, w, 3, 0)
+
+
+def test_merge_places_runs_of_offsets_as_fancy_indexing_places_them() -> None:
+    """`merge` copies each run of consecutive offsets as one slice: the samples are those of
+    `out[offsets] = values`, for zigzag, shuffled, overlapping and gapped offsets; negative or
+    out-of-range ones take numpy's own indexing (wrap-around, or its IndexError)."""
+    import numpy as np
+
+    from pytest_rlkernel_matrix.judge.sidecars import Shard, merge
+
+    rng = np.random.default_rng(11)
+    n = 40
+    cases = [np.r_[0:5, 30:39], rng.permutation(n), np.r_[0:10, 5:15], np.r_[3:9, 20:26, 1:2],
+             np.arange(n) - 3, np.r_[0:20], np.r_[30:41]]
+    for off in cases:
+        off = off.astype(np.int64)
+        values = rng.standard_normal(off.size).astype(np.float32)
+        mask = rng.random(off.size) < 0.8
+        shard = Shard(file="f", rank=0, call=0, dp=0, index=0, cp_rank=0, cp=1, total=n + 1,
+                      response=n, train=values, rollout=values * 2, mask=mask, offsets=off)
+        want_t, want_r = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        want_m = np.zeros(n, bool)
+        try:
+            want_t[off], want_r[off], want_m[off] = values, values * 2, mask
+        except IndexError as exc:
+            with pytest.raises(IndexError, match=str(exc).split(" with")[0]):
+                merge([shard])
+            continue
+        (sample,) = merge([shard]).samples
+        assert sample.train.tobytes() == want_t.tobytes()
+        assert sample.rollout.tobytes() == want_r.tobytes()
+        assert sample.mask.tolist() == want_m.tolist()

@@ -140,3 +140,36 @@ def test_the_weight_chain_reads_what_the_evidence_parsed_and_the_rest_itself(
     assert inside == steps.weight_chain(tmp_path, alone_problems)
     assert problems == alone_problems and len(problems) == 1
     assert inside["0"]["rollout"] == f"{0:064x}" and "training" in inside["2"]
+
+
+def test_batched_part_sums_and_counts_are_those_of_one_part_and_one_sample_at_a_time() -> None:
+    """`part_sums` over a batch's concatenation gives each part's sums bit for bit (NaN, inf,
+    k3 overflow, empty parts, -0.0, batches cut anywhere); `compute(counts=...)` gives the
+    samples' `sample_counts`."""
+    from pytest_rlkernel_matrix.judge import metrics
+
+    rng = np.random.default_rng(7)
+    for trial in range(120):
+        dtype = (np.float32, np.float64)[trial % 2]
+        parts, samples = [], []
+        for i in range(int(rng.integers(2, 40))):
+            n = int(rng.choice([0, 1, 7, 8, 9, 128, 129, 1250, int(rng.integers(0, 3000))]))
+            train = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 800.0])).astype(dtype)
+            roll = (train + rng.standard_normal(n) * rng.choice([0.0, 1e-4, 400.0])).astype(dtype)
+            if n and rng.random() < 0.15:
+                train[int(rng.integers(n))] = rng.choice([np.nan, np.inf, -np.inf])
+            if n and rng.random() < 0.1:
+                train[:], roll[:] = 0.0, -0.0
+            parts.append((train, roll))
+            samples.append(metrics.Sample(train, roll, rng.random(n) < 0.7, sample=i))
+        metrics._BATCH = int(rng.choice([1 << 18, 1000, 1]))
+        try:
+            got, want = metrics.part_sums(parts), metrics._part_sums_each(parts)
+        finally:
+            metrics._BATCH = 1 << 18
+        assert repr(got) == repr(want)
+        assert [None if g is None else np.array(g[1:]).tobytes() for g in got] == [
+            None if w is None else np.array(w[1:]).tobytes() for w in want]
+        counts: list[metrics.SampleCounts] = []
+        metrics.compute(samples, counts=counts)
+        assert repr(counts) == repr(metrics.sample_counts(samples))

@@ -466,13 +466,14 @@ class StepInputs:
 
 
 def _keep_for_steps(ev: Evidence, files: list[Path], merged: Merged,
-                    sums: list[PartSums]) -> None:
+                    sums: list[PartSums], counts: list[SampleCounts] | None = None) -> None:
     """Inside `pt_memo()`, keep the cell's merge for the per-step series where a merge per
     call (what `steps.read_steps` does) gives the same samples and parts: every sidecar read,
     no merge problem, names `rank<r>.call<c>.pt` agreeing with the contents, one file per
     (call, rank), each call's files listed in rank order, one CP size (CP shards disjoint)
     and one train and one rollout dtype (a call's dtypes are the cell's). Else nothing is
-    kept and the steps merge call by call."""
+    kept and the steps merge call by call. `counts`: the samples' `sample_counts`, when
+    already made."""
     memo = getattr(_LOCAL, "memo", None)
     rows = ev.rank_files
     if memo is None or merged.problems or len(rows) != len(files):
@@ -492,8 +493,10 @@ def _keep_for_steps(ev: Evidence, files: list[Path], merged: Merged,
             or len({s.rollout.dtype for s in merged.samples}) > 1):
         return
     keep = StepInputs({str(p) for p in files}, sorted(last), {}, {})
-    for sample, counts in zip(merged.samples, sample_counts(merged.samples), strict=True):
-        keep.samples.setdefault(sample.call, []).append(counts)
+    if counts is None or len(counts) != len(merged.samples):
+        counts = sample_counts(merged.samples)
+    for sample, count in zip(merged.samples, counts, strict=True):
+        keep.samples.setdefault(sample.call, []).append(count)
     for call, part in zip(merged.part_calls, sums, strict=True):
         keep.sums.setdefault(call, []).append(part)
     memo[("steps", str(ev.root))] = keep
@@ -539,9 +542,10 @@ def _read_logprobs(ev: Evidence) -> None:
         try:
             ev.samples = _renumber(samples)
             sums = None if parts is None else part_sums(parts)
-            ev.metrics = compute(ev.samples, parts, sums=sums)
+            counts: list[SampleCounts] = []  # the same samples as merged.samples, in order
+            ev.metrics = compute(ev.samples, parts, sums=sums, counts=counts)
             if merged is not None and sums is not None and len(ev.problems) == said:
-                _keep_for_steps(ev, files, merged, sums)
+                _keep_for_steps(ev, files, merged, sums, counts)
         except (ValueError, TypeError, MemoryError) as exc:
             ev.problems.append(f"logprob metrics: {type(exc).__name__}: {str(exc)[:200]}")
         if ev.metrics is not None:  # ranks whose sidecars were read (TP replicas included)

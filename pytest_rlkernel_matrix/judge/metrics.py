@@ -65,6 +65,15 @@ class DriftMetrics:
         return asdict(self)
 
 
+def _delta(train: np.ndarray, roll: np.ndarray) -> np.ndarray:
+    """train - rollout in float64: `train.astype(float64) - roll.astype(float64)`, for float
+    inputs as one subtraction that widens them (exact: the same values, no temporaries)."""
+    if train.dtype.kind == "f" and roll.dtype.kind == "f" and max(
+            train.dtype.itemsize, roll.dtype.itemsize) <= 8:
+        return np.subtract(train, roll, dtype=np.float64)
+    return train.astype(np.float64) - roll.astype(np.float64)
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     width = a.dtype.itemsize
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}.get(width, np.uint8))
@@ -80,13 +89,71 @@ PartSums = tuple[int, float, float, float] | None
 
 def part_sums(parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
     """Per part, in order: (tokens, float64 sums of |delta|, -delta and k3), each sum one numpy
-    sum over the part, as RL-Kernel adds them; None for a part with a non-finite delta or k3."""
+    sum over the part, as RL-Kernel adds them; None for a part with a non-finite delta or k3.
+
+    Parts of one train dtype and one rollout dtype, 1-d and of equal sizes (a merge's), are
+    taken a batch at a time: delta, |delta|, -delta and k3 made once over the batch's
+    concatenation, elementwise the values each part's own arrays give, and each part's sums
+    taken over its own contiguous slice of them (the same values, the same numpy sum)."""
+    parts = list(parts)
+    if len(parts) < 2 or not _uniform(parts):
+        return _part_sums_each(parts)
+    out: list[PartSums] = []
+    start = 0
+    while start < len(parts):
+        stop, size = start, 0
+        while stop < len(parts) and (stop == start or size + parts[stop][0].size <= _BATCH):
+            size += parts[stop][0].size
+            stop += 1
+        out.extend(_part_sums_batch(parts[start:stop]))
+        start = stop
+    return out
+
+
+_BATCH = 1 << 18  # values per batch: bounded temporaries, few numpy calls per part
+
+
+def _uniform(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> bool:
+    t0, r0 = parts[0][0].dtype, parts[0][1].dtype
+    return all(type(t) is np.ndarray and type(r) is np.ndarray and t.dtype == t0
+               and r.dtype == r0 and t.ndim == 1 and r.ndim == 1 and t.size == r.size
+               for t, r in parts)
+
+
+def _part_sums_batch(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
+    lengths = [t.size for t, _ in parts]
+    delta = _delta(np.concatenate([t for t, _ in parts]), np.concatenate([r for _, r in parts]))
+    with np.errstate(over="ignore", invalid="ignore"):
+        k3 = np.exp(delta) - delta - 1.0
+    nonfinite = ~(np.isfinite(delta) & np.isfinite(k3))
+    bad: set[int] = set()
+    if nonfinite.any():  # the parts holding them: the first whose end is past each
+        ends = np.cumsum(np.array(lengths, dtype=np.int64))
+        bad = set(np.searchsorted(ends, np.flatnonzero(nonfinite), side="right").tolist())
+    absd, negd = np.abs(delta), -delta
+    out: list[PartSums] = []
+    at = 0
+    for i, n in enumerate(lengths):
+        end = at + n
+        if n == 0:
+            out.append((0, 0.0, 0.0, 0.0))
+        elif i in bad:
+            out.append(None)
+        else:
+            out.append((n, float(absd[at:end].sum()), float(negd[at:end].sum()),
+                        float(k3[at:end].sum())))
+        at = end
+    return out
+
+
+def _part_sums_each(parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[PartSums]:
+    """`part_sums`, one part at a time (any parts)."""
     out: list[PartSums] = []
     for train, roll in parts:
         if train.size == 0:
             out.append((0, 0.0, 0.0, 0.0))
             continue
-        delta = train.astype(np.float64) - roll.astype(np.float64)
+        delta = _delta(train, roll)
         with np.errstate(over="ignore", invalid="ignore"):
             k3 = np.exp(delta) - delta - 1.0
         if not (np.isfinite(delta).all() and np.isfinite(k3).all()):
@@ -130,29 +197,40 @@ def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
     """Per sample: (active tokens, value mismatches, byte mismatches, non-finite deltas, max
     finite |delta| or None), counted as `compute` counts them over the active tokens (byte
     mismatches: every token where train and rollout dtypes differ), so the counts of a set
-    of samples add up to what `compute` gives for it."""
+    of samples add up to what `compute` gives for it (`compute(..., counts=[])` gives both)."""
     if not samples:
         return []
     active = [s.mask.astype(bool) for s in samples]
     train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
     roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
     lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
     neq = train != roll
     bits = (_bits(train) != _bits(roll) if train.dtype == roll.dtype
             else np.ones(train.size, dtype=bool))
-    d = train.astype(np.float64) - roll.astype(np.float64)
-    finite = np.isfinite(d)
+    d = _delta(train, roll)
+    return _counts(lengths, neq, bits, d, np.isfinite(d))
+
+
+def _counts(lengths: np.ndarray, neq: np.ndarray, bits: np.ndarray, d: np.ndarray,
+            finite: np.ndarray, absd: np.ndarray | None = None) -> list[SampleCounts]:
+    """`sample_counts` from the samples' active lengths and the flags over their active tokens
+    (integer counts per sample: exact in any order of addition); `absd`: |d|, given when every
+    d is finite."""
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    some = lengths > 0
+    first = starts[some]
 
     def per_sample(flags: np.ndarray) -> list[int]:
-        total = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
-        return (total[ends] - total[starts]).tolist()
+        total = np.zeros(lengths.size, dtype=np.int64)
+        if first.size:
+            total[some] = np.add.reduceat(flags, first, dtype=np.int64)
+        return total.tolist()
 
-    top = np.full(len(samples), -1.0)
-    some = lengths > 0
-    if train.size:
-        top[some] = np.maximum.reduceat(np.where(finite, np.abs(d), -1.0), starts[some])
+    top = np.full(lengths.size, -1.0)
+    if first.size:
+        top[some] = np.maximum.reduceat(
+            np.where(finite, np.abs(d), -1.0) if absd is None else absd, first)
     return [(n, v, b, n - f, None if t < 0 else t) for n, v, b, f, t in zip(
         lengths.tolist(), per_sample(neq), per_sample(bits), per_sample(finite), top.tolist(),
         strict=True)]
@@ -174,12 +252,13 @@ def bitwise_reason(m: DriftMetrics) -> str | None:
 def compute(samples: Sequence[Sample],
             parts: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
             *, summary_only: bool = False, sums: Sequence[PartSums] | None = None,
-            ) -> DriftMetrics:
+            counts: list[SampleCounts] | None = None) -> DriftMetrics:
     """Metrics over the active tokens of all samples. `parts`: the active (train, rollout)
     values in the order RL-Kernel sums them (its shards), for the pooled figures; default: per
     sample, in the order given; `sums`: those parts' `part_sums`, when already made.
     `summary_only` (the per-step series): the same counts, max and pooled figures, without
-    percentiles, histogram, worst tokens and first mismatches."""
+    percentiles, histogram, worst tokens and first mismatches. `counts`: a list extended with
+    the samples' `sample_counts`, from the same arrays."""
     out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
     if not samples:
         return out
@@ -188,18 +267,26 @@ def compute(samples: Sequence[Sample],
     roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
     n = int(train.size)
     out.active_token_count = n
+    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
     if n == 0:
+        if counts is not None:
+            counts.extend((0, 0, 0, 0, None) for _ in samples)
         return out
     neq = train != roll
     out.mismatch_count = int(np.count_nonzero(neq))
     if train.dtype == roll.dtype:
-        out.bitwise_mismatch_count = int(np.count_nonzero(_bits(train) != _bits(roll)))
+        bits = _bits(train) != _bits(roll)
+        out.bitwise_mismatch_count = int(np.count_nonzero(bits))
     else:
+        bits = np.ones(n, dtype=bool)
         out.bitwise_mismatch_count = n
-    d = train.astype(np.float64) - roll.astype(np.float64)  # delta, RL-Kernel's sign
+    d = _delta(train, roll)  # delta, RL-Kernel's sign
     finite = np.isfinite(d)
     out.nonfinite_count = int(n - np.count_nonzero(finite))
-    ad = np.abs(d[finite])
+    ad = np.abs(d) if out.nonfinite_count == 0 else np.abs(d[finite])  # (the same values)
+    if counts is not None:
+        counts.extend(_counts(lengths, neq, bits, d, finite,
+                              ad if out.nonfinite_count == 0 else None))
     out.mismatch_fraction = out.mismatch_count / n
     if ad.size:
         out.logprob_abs_diff_max = float(ad.max())
@@ -215,14 +302,16 @@ def compute(samples: Sequence[Sample],
         p50, p90, p99 = np.percentile(ad, PERCENTILES)
         out.logprob_abs_diff_p50, out.logprob_abs_diff_p90 = float(p50), float(p90)
         out.logprob_abs_diff_p99 = float(p99)
-        if ad.max() > 0:
-            counts, edges = np.histogram(np.log10(ad[ad > 0]), bins=20)
+        if out.logprob_abs_diff_max > 0:
+            nonzero = int(np.count_nonzero(ad))
+            hist, edges = np.histogram(np.log10(ad if nonzero == ad.size else ad[ad > 0]),
+                                       bins=20)
             out.histogram = {"log10_abs_diff_edges": edges.tolist(),
-                             "counts": counts.tolist(), "zero": int(ad.size - np.count_nonzero(ad))}
+                             "counts": hist.tolist(), "zero": int(ad.size - nonzero)}
     if summary_only:
         return out
-    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
-    _worst(out, samples, active, lengths, d, neq)
+    # the worst tokens' scores: |delta|, inf where not finite (`ad` itself when all are)
+    _worst(out, samples, active, lengths, d, neq, ad if out.nonfinite_count == 0 else None)
     return out
 
 
@@ -233,10 +322,13 @@ def _worst(
     lengths: np.ndarray,
     d: np.ndarray,
     neq: np.ndarray,
+    score: np.ndarray | None = None,
 ) -> None:
-    """Largest |d| tokens and each sample's first mismatching position."""
+    """Largest |d| tokens and each sample's first mismatching position (`score`: |d| with inf
+    where d is not finite, when already made)."""
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    score = np.where(np.isfinite(d), np.abs(d), np.inf)
+    if score is None:
+        score = np.where(np.isfinite(d), np.abs(d), np.inf)
     k = min(WORST_TOKENS, score.size)
     top = np.argpartition(-score, k - 1)[:k]
     top = top[np.argsort(-score[top], kind="stable")]

@@ -118,12 +118,12 @@ class _Hooks:
 
 
 class _Tensor:
-    """A `_rebuild_tensor_v2` call, checked; the tensor is built after the subset proof."""
+    """A `_rebuild_tensor_v2` call, checked; the tensor is built after the subset proof.
+    `args`: (storage, offset, size, stride, requires_grad, hooks)."""
 
-    __slots__ = ("args", "offset", "size", "storage", "stride", "value")
+    __slots__ = ("args", "value")
 
     def __init__(self, args: tuple[Any, ...]) -> None:
-        self.storage, self.offset, self.size, self.stride = args[:4]
         self.args = args
         self.value: Any = None
 
@@ -143,6 +143,20 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
 
 
 def _rebuild_tensor_v2(*args: Any) -> _Tensor:
+    if len(args) == 6:  # a 1-d tensor inside its storage: what the checks below accept
+        storage, offset, size, stride, requires_grad, hooks = args
+        if (type(storage) is _Storage and type(offset) is int and type(size) is tuple
+                and type(stride) is tuple and len(size) == 1 and len(stride) == 1
+                and requires_grad is False and type(hooks) is _Hooks):
+            n, step = size[0], stride[0]
+            if (type(n) is int and type(step) is int and 0 < n < _INT_LIMIT
+                    and 0 <= step < _INT_LIMIT and offset >= 0
+                    and offset + (n - 1) * step < len(storage.data) // storage.kind.itemsize):
+                return _Tensor(args)
+    return _rebuild_checked(*args)
+
+
+def _rebuild_checked(*args: Any) -> _Tensor:
     if len(args) != 6:
         raise Unsupported(f"_rebuild_tensor_v2 with {len(args)} arguments (6 read here)")
     storage, offset, size, stride, requires_grad, hooks = args
@@ -200,7 +214,10 @@ class _Unpickler(pickle.Unpickler):
         if numel < 0 or numel * kind.itemsize != len(data):
             raise Unsupported(f"storage {key}: {numel} x {kind.itemsize} bytes, its record "
                               f"holds {len(data)}")
-        if self._used.setdefault(key, (kind.name, numel)) != (kind.name, numel):
+        used = self._used.get(key)
+        if used is None:
+            self._used[key] = (kind.name, numel)
+        elif used != (kind.name, numel):
             raise Unsupported(f"storage {key} used with two types or sizes")
         return _Storage(pid, kind, data)
 
@@ -247,22 +264,25 @@ def _zip_records(raw: bytes) -> tuple[str, dict[str, memoryview]]:
     crcs: dict[str, int] = {}
     view = memoryview(raw)
     pos, prefix, first = cd_off, "", True
+    central, local, csz, lsz, cd_end = (_CENTRAL.unpack_from, _LOCAL.unpack_from, _CENTRAL.size,
+                                        _LOCAL.size, cd_off + cd_size)
     for _ in range(total):
-        if pos + _CENTRAL.size > cd_off + cd_size:
+        if pos + csz > cd_end:
             raise Unsupported("zip central directory is truncated")
         (csig, _, _, flags, method, _, _, crc, csize, usize, nlen, xlen, clen, dstart, _, _,
-         off) = _CENTRAL.unpack_from(raw, pos)
-        name_b = raw[pos + _CENTRAL.size:pos + _CENTRAL.size + nlen]
-        pos += _CENTRAL.size + nlen + xlen + clen
+         off) = central(raw, pos)
+        name_b = raw[pos + csz:pos + csz + nlen]
+        pos += csz + nlen + xlen + clen
         if (csig != b"PK\x01\x02" or flags & 0x41 or method or csize != usize or dstart
                 or usize == 0xFFFFFFFF or off == 0xFFFFFFFF):
             raise Unsupported("a zip record is compressed, encrypted or zip64-sized")
-        if (first and off != 0) or off + _LOCAL.size > cd_off:
+        if (first and off != 0) or off + lsz > cd_off:
             raise Unsupported("zip records do not start the file")
-        lsig, _, _, lmethod, _, _, _, _, _, lnlen, lxlen = _LOCAL.unpack_from(raw, off)
-        start = off + _LOCAL.size + lnlen + lxlen
-        if (lsig != b"PK\x03\x04" or lmethod or raw[off + _LOCAL.size:off + _LOCAL.size + lnlen]
-                != name_b or start + usize > cd_off):
+        lsig, _, _, lmethod, _, _, _, _, _, lnlen, lxlen = local(raw, off)
+        start = off + lsz + lnlen + lxlen
+        # (the local name: the `lnlen` bytes after the header, equal to the central one's)
+        if (lsig != b"PK\x03\x04" or lmethod or lnlen != len(name_b)
+                or not raw.startswith(name_b, off + lsz) or start + usize > cd_off):
             raise Unsupported("a zip local header disagrees with the central directory")
         try:
             name = name_b.decode("ascii")
@@ -313,11 +333,14 @@ _ARGS = [_OPCODES.get(op) for op in range(256)]
 
 # A run of the opcodes above with a fixed-size argument, each taken whole, except STOP and
 # LONG_BINPUT (their checks are `_scan`'s): skipped in C, `_scan` steps through the rest.
+# A BINUNICODE shorter than 256 bytes is taken whole too: its 4-byte length spelled out, then
+# exactly that many bytes (a string that runs past the stream's end is left to `_scan`).
 _FIXED = re.compile(b"(?:" + b"|".join(
     b"[" + re.escape(bytes(ops)) + b"]" + (b".{%d}" % size if size else b"")
     for size in (0, 1, 2, 4, 8)
     if (ops := [op for op, n in _OPCODES.items() if n == size and op not in (0x2E, 0x72)])
-) + b")*", re.DOTALL)
+) + b"|X(?:" + b"|".join(re.escape(bytes([n, 0, 0, 0])) + (b".{%d}" % n if n else b"")
+                         for n in range(256)) + b"))*", re.DOTALL)
 
 
 def _scan(pkl: bytes) -> None:
@@ -400,14 +423,20 @@ def _swap(obj: Any, memo: dict[int, Any]) -> Any:
         if id(obj) not in memo:
             memo[id(obj)] = obj
             for i, v in enumerate(obj):
-                if type(v) in (_Tensor, list, dict, tuple):
+                t = type(v)
+                if t is _Tensor:
+                    obj[i] = v.value
+                elif t is list or t is dict or t is tuple:
                     obj[i] = _swap(v, memo)
         return obj
     if kind is dict:
         if id(obj) not in memo:
             memo[id(obj)] = obj
             for k, v in obj.items():
-                if type(v) in (_Tensor, list, dict, tuple):
+                t = type(v)
+                if t is _Tensor:
+                    obj[k] = v.value
+                elif t is list or t is dict or t is tuple:
                     obj[k] = _swap(v, memo)
         return obj
     if kind is tuple:
@@ -432,7 +461,7 @@ def _as_arrays(tensors: list[_Tensor]) -> None:
 
     bases: dict[str, Any] = {}
     for t in tensors:
-        st = t.storage
+        st, offset, size, stride = t.args[:4]
         base = bases.get(st.pid[2])
         if base is None:
             if st.kind.dtype not in _NUMPY and st.kind.dtype != "bfloat16":
@@ -444,11 +473,13 @@ def _as_arrays(tensors: list[_Tensor]) -> None:
             else:
                 base = np.frombuffer(st.data, dtype=_NUMPY[st.kind.dtype])
             bases[st.pid[2]] = base
-        if len(t.size) == 1 and t.stride == (1,):
-            t.value = base[t.offset:t.offset + t.size[0]]
+        if len(size) == 1 and stride == (1,):
+            # the whole storage: its read-only array itself (the same values as a view)
+            t.value = (base if offset == 0 and size[0] == base.size
+                       else base[offset:offset + size[0]])
         else:
             t.value = np.lib.stride_tricks.as_strided(
-                base[t.offset:], shape=t.size, strides=tuple(s * base.itemsize for s in t.stride),
+                base[offset:], shape=size, strides=tuple(s * base.itemsize for s in stride),
                 writeable=False)
 
 
@@ -490,14 +521,14 @@ def load(raw: bytes, name: str = "<bytes>", *, arrays: str = "torch") -> Any:
     bases: dict[str, Any] = {}
     try:
         for t in tensors:
-            st = t.storage
+            st, offset, size, stride = t.args[:4]
             base = bases.get(st.pid[2])
             if base is None:
                 dtype = getattr(torch, st.kind.dtype)
                 base = (torch.frombuffer(bytearray(st.data), dtype=dtype) if len(st.data)
                         else torch.empty(0, dtype=dtype))
                 bases[st.pid[2]] = base
-            t.value = base.as_strided(t.size, t.stride, t.offset)
+            t.value = base.as_strided(size, stride, offset)
             t.value._backward_hooks = collections.OrderedDict()  # as torch's rebuild sets it
     except (RuntimeError, ValueError, TypeError) as exc:
         raise Unsupported(f"{name}: tensor: {type(exc).__name__}: {str(exc)[:200]}") from None

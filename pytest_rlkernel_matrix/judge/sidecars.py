@@ -84,6 +84,8 @@ def schema_of(data: Mapping[str, Any]) -> str:
 
 
 def _count(value: Any, what: str, minimum: int) -> int:
+    if type(value) is int and value >= minimum:  # a plain int: what the checks below accept
+        return value
     if ((hasattr(value, "numel") and value.numel() == 1)  # a tensor, or as numpy arrays
             or (isinstance(value, np.ndarray) and value.size == 1)):  # `ptread.load_arrays`
         value = value.item()
@@ -96,6 +98,8 @@ def _count(value: Any, what: str, minimum: int) -> int:
 
 def float_array(value: Any, what: str) -> np.ndarray:
     """A 1-D tensor (or list) as numpy; bf16/fp16 widen to fp32 exactly."""
+    if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "fiub":
+        return value  # as `ptread.load_arrays` gives a tensor: what the checks below accept
     if hasattr(value, "detach"):
         t = value.detach().cpu()
         if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
@@ -138,6 +142,14 @@ class Shard:
 
     def same_as(self, other: Shard) -> list[str]:
         """Fields in which this replica's bytes differ from `other`."""
+        a, b = self, other
+        if (a.total == b.total and a.response == b.response and a.train.dtype == b.train.dtype
+                and a.rollout.dtype == b.rollout.dtype and a.mask.dtype == b.mask.dtype
+                and a.train.shape == b.train.shape and a.rollout.shape == b.rollout.shape
+                and a.mask.shape == b.mask.shape and a.train.tobytes() == b.train.tobytes()
+                and a.rollout.tobytes() == b.rollout.tobytes()
+                and a.mask.tobytes() == b.mask.tobytes()):
+            return []  # (the common case, every field compared below at once)
         out = [name for name, a, b in (("train_log_probs", self.train, other.train),
                                        ("rollout_log_probs", self.rollout, other.rollout),
                                        ("loss_masks", self.mask, other.mask))
@@ -194,7 +206,7 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
             total=total, response=resp,
             train=float_array(lists["train_log_probs"][i], f"train_log_probs[{i}]"),  # type: ignore[index]
             rollout=float_array(lists["rollout_log_probs"][i], f"rollout_log_probs[{i}]"),  # type: ignore[index]
-            mask=full.astype(bool)[offsets], offsets=offsets))
+            mask=full[offsets].astype(bool), offsets=offsets))  # (sliced, then cast: the same)
     return info, shards
 
 
@@ -225,6 +237,7 @@ def merge(shards: Sequence[Shard]) -> Merged:
                 f"sample {sh.index} (DP rank {sh.dp}, CP rank {sh.cp_rank}): "
                 f"{', '.join(differ)} differ ({sh.file} vs {prev.file})")
     groups: dict[tuple[int, int, int], list[Shard]] = {}
+    runs: dict[int, tuple[list[tuple[int, int, int]], int]] = {}  # by id of a shard's offsets
     for sh in first.values():
         if sh.train.size != sh.rollout.size or sh.train.size != sh.offsets.size:
             out.problems.append(
@@ -253,8 +266,31 @@ def merge(shards: Sequence[Shard]) -> Merged:
         train, roll = np.zeros(n, dtype=dtype), np.zeros(n, dtype=rdtype)
         mask = np.zeros(n, dtype=bool)
         for p in parts:
-            train[p.offsets], roll[p.offsets], mask[p.offsets] = p.train, p.rollout, p.mask
+            found = runs.get(id(p.offsets))
+            if found is None:
+                found = runs[id(p.offsets)] = _runs(p.offsets)
+            spans, top = found
+            if top < 0 or top > n or len(spans) > 4:  # not plainly inside: as numpy does it
+                train[p.offsets], roll[p.offsets], mask[p.offsets] = p.train, p.rollout, p.mask
+                continue
+            for at, lo, hi in spans:  # each run of consecutive offsets as one slice
+                end = at + hi - lo
+                train[lo:hi], roll[lo:hi], mask[lo:hi] = (p.train[at:end], p.rollout[at:end],
+                                                          p.mask[at:end])
         out.samples.append(Sample(train=train, rollout=roll, mask=mask, rank=parts[0].rank,
                                   sample=index, call=call))
     return out
 
+
+def _runs(offsets: np.ndarray) -> tuple[list[tuple[int, int, int]], int]:
+    """([(position in `offsets`, first offset, end)] of each run of consecutive offsets, the
+    largest end; -1 for any negative offset): where every offset lies inside `out`, assigning
+    `values[at:at + end - first]` to `out[first:end]` run by run is `out[offsets] = values`."""
+    if offsets.size == 0:
+        return [], 0
+    if int(offsets.min()) < 0:
+        return [], -1
+    cut = (np.flatnonzero(np.diff(offsets) != 1) + 1).tolist()
+    spans = [(a, int(offsets[a]), int(offsets[b - 1]) + 1)
+             for a, b in zip([0, *cut], [*cut, int(offsets.size)], strict=True)]
+    return spans, max(end for _, _, end in spans)

@@ -185,4 +185,4 @@ def store(root: Path, rel: str, key: Key, record: Mapping[str, Any]) -> None:
     with suppress(OSError):
         write_json_atomic(entry_path(root, rel), {"key": key.key, "stamps": key.stamps,
                                                   "hashed_ns": key.hashed_ns,
-                                                  "record": record})
+                                                  "record": record}, indent=None)

@@ -117,10 +117,27 @@ def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell,
     return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel)
 
 
+def _reuse_freed_memory() -> None:
+    """glibc only (elsewhere nothing): keep the memory a cell's analysis frees for the next
+    cell instead of handing it back to the kernel and faulting it in again. A cell's arrays
+    are tens of MB each; page faults cost about 10 us each on the VMs measured
+    (docs/benchmarks.md). Only this command's processes (`rlk-matrix report`) set it."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, ImportError):
+        return
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MiB from the heap, reused
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap for reuse
+
+
 def _one_thread() -> None:
     """A pool worker: one torch thread (workers x torch's default threads would oversubscribe
     the CPUs the pool is sized to; measured in docs/benchmarks.md), also where torch is only
-    imported later (a `.pt` file the fast reader hands to `torch.load`)."""
+    imported later (a `.pt` file the fast reader hands to `torch.load`); and freed memory
+    kept for the next cell (`_reuse_freed_memory`)."""
+    _reuse_freed_memory()
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     else:
@@ -130,6 +147,8 @@ def _one_thread() -> None:
 def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], jobs: int,
                done: Callable[[_Task], None]) -> None:
     if jobs <= 1 or len(todo) <= 1:
+        if todo:
+            _reuse_freed_memory()
         for task in todo:
             task.record = _analyze_task(root, task.rel, gaps[task.hardware], task.cell,
                                         task.mode)
@@ -140,6 +159,13 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
     # `judge.ptread.load_arrays`); a worker imports it only for a file that needs torch.load.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # What every cell's analysis imports (numpy among them), imported once here before the
+    # workers fork, instead of once in each worker.
+    import pytest_rlkernel_matrix.judge.evidence
+    import pytest_rlkernel_matrix.judge.verdict
+    import pytest_rlkernel_matrix.run.runner
+    import pytest_rlkernel_matrix.spec.limits  # noqa: F401
 
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)

@@ -71,7 +71,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write strict JSON (no NaN/Infinity: `json_safe`) atomically (`write_text_atomic`)."""
-    text = json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False)
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
+    """Write strict JSON (no NaN/Infinity: `json_safe`) atomically (`write_text_atomic`).
+    ``indent=None``: compact, for files only this package reads back (json's C encoder)."""
+    text = json.dumps(json_safe(data), indent=indent, sort_keys=False, allow_nan=False)
     write_text_atomic(path, text + "\n")
