@@ -18,6 +18,7 @@ same samples, CP ranks hold zigzag slices of each response at logit positions (R
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import resource
@@ -526,6 +527,11 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         "deterministic_algorithms": device.type == "cuda"}
     nonce = rl.drill_nonce(drill, manifest["fault_drill"])
     version, audited = 0, -1
+    # Megatron's --manual-gc: no cyclic collection inside a timed phase (one landed in the same
+    # step of every run and read as timing noise), one collection between steps instead
+    gc_auto = gc.isenabled()
+    gc.collect()
+    gc.disable()
     for step in range(args.steps):
         if drill and drill.kind == "drift_growth":
             kernels[drill.side].module(drill.module).drift = step * rl.DRIFT_STEP
@@ -588,6 +594,10 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         if step == 0 and probe.enabled:
             write_probes(probe, kernels, ro, train_lp, wanted, grid, manifest)
         sys.stdout.flush()
+        gc.collect()  # between steps: outside every timed phase
+    if gc_auto:
+        gc.enable()
+    manifest["gc"] = "manual: one collection between steps, none inside them"
     write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
     manifest["rollout_p_decode"] = native.decode_mode()  # native.py: compiled or eager, why

@@ -89,6 +89,7 @@ def test_rr_strict_bitwise(tmp_path: Path) -> None:
     assert out.count("[RL-Kernel][route]") == 6 and "contract_id=linear_logp:" in out
     manifest = json.loads((d / "manifest.json").read_text())
     assert manifest["cases"]["attention"] == "R/R" and manifest["fault_drill"] is None
+    assert manifest["gc"].startswith("manual")  # no collection inside a timed phase
 
 
 def test_pp_has_mismatches(tmp_path: Path) -> None:
