@@ -73,14 +73,14 @@ STATUS: dict[str, str] = {}  # what the sampler's passes ran: "inductor", or "ea
 
 def _block_sums(probs: Tensor, pivot: Tensor) -> Tensor:
     """``[B, V/BLOCK]`` int64: each block's fixed-point mass of the tokens with ``q > pivot``."""
-    q = (probs * FIXED_POINT).to(torch.int64)
+    q = _fixed(probs)
     q = torch.where(q > pivot[:, None], q, 0)
     return q.view(q.shape[0], -1, BLOCK).sum(-1)
 
 
 def _mass_above(probs: Tensor, qt: Tensor) -> Tensor:
     """``[B]`` int64: the fixed-point mass of the tokens strictly more probable than ``qt``."""
-    q = (probs * FIXED_POINT).to(torch.int64)
+    q = _fixed(probs)
     return torch.where(q > qt[:, None], q, 0).sum(-1)
 
 
