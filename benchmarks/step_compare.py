@@ -41,6 +41,7 @@ CONFIGS = {
     "P-earlier": ("P/P", {"RLK_REF_P_COMPILE": "0", "RLK_REF_P_DECODE_ATTN": "sdpa",
                           "RLK_REF_SAMPLER_COMPILE": "0"}),
     "P-sdpa": ("P/P", {"RLK_REF_P_DECODE_ATTN": "sdpa"}),  # masked SDPA decode attention
+    "P-flash": ("P/P", {"RLK_REF_P_DECODE_ATTN": "flash"}),  # flash varlen (Triton since)
     "P-packed": ("P/P", {"RLK_REF_P_DECODE_ATTN": "flash-packed"}),  # heads packed per KV head
     "P-eagermath": ("P/P", {"RLK_REF_P_COMPILE": "0"}),  # native decode math not compiled
     "P-span": ("P/P", {"RLK_REF_P_DECODE_ATTN": "sdpa", "RLK_REF_DECODE_SPAN_UNIT": "32"}),

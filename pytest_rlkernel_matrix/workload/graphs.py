@@ -28,6 +28,7 @@ import os
 import torch
 from torch import Tensor
 
+from . import sampling
 from .kernels import SideKernels
 from .model import Qwen3
 from .weights import KVCache
@@ -56,9 +57,13 @@ class DecodeRunner:
     """Runs decode steps for a shrinking set of live rows, graphed per bucket when asked."""
 
     def __init__(self, model: Qwen3, kernels: SideKernels, caches: list[KVCache],
-                 temperature: float, use_graphs: bool, span_unit: int = 0) -> None:
+                 temperature: float, use_graphs: bool, span_unit: int = 0,
+                 top_p: float | None = None) -> None:
         dev = caches[0].k.device
         self.model, self.kernels, self.temperature = model, kernels, temperature
+        # top_p given: the graph also takes the sampler's first round (sampling.first_round)
+        # over the step's log-probs, with this step's uniforms in ``self.u``
+        self.top_p = top_p if sampling.FAST_PATHS else None
         self.span_unit, self.span = span_unit, model.max_seq_len
         self.buckets = bucket_sizes(caches[0].k.shape[0])
         self.bucket = self.buckets[0]
@@ -66,11 +71,12 @@ class DecodeRunner:
         self.slots = torch.arange(self.bucket, device=dev)  # slot of each live row, row order
         self.tok = torch.zeros(self.bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(self.bucket, dtype=torch.long, device=dev)
+        self.u = torch.zeros(self.bucket, device=dev)
         self.use_graphs = use_graphs and dev.type == "cuda"
         self.fallback_reason = "" if self.use_graphs else (
             "decode graphs off" if dev.type == "cuda" else "no graphs on cpu")
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: Tensor | None = None
+        self.out: tuple[Tensor, sampling.Drawn | None] | None = None
         self.per_replay = [0, 0, 0]
         self.captures = 0
         self.replays = 0
@@ -103,18 +109,30 @@ class DecodeRunner:
         self.slots = torch.arange(live, device=dev)
         self.tok = torch.zeros(target, dtype=torch.long, device=dev)
         self.pos = torch.zeros(target, dtype=torch.long, device=dev)
+        self.u = torch.zeros(target, device=dev)
         self.graph, self.out = None, None
 
-    def _eager(self) -> Tensor:
-        return self.model.decode_step(self.kernels, self.tok, self.pos, self.caches,
-                                      self.temperature, self.span)
+    def _eager(self) -> tuple[Tensor, sampling.Drawn | None]:
+        lp = self.model.decode_step(self.kernels, self.tok, self.pos, self.caches,
+                                    self.temperature, self.span)
+        return lp, None if self.top_p is None else sampling.first_round(lp, self.top_p, self.u)
 
-    def _capture(self) -> Tensor | None:
+    def _rows(self, out: tuple[Tensor, sampling.Drawn | None]
+              ) -> tuple[Tensor, sampling.Drawn | None]:
+        """The live rows of a step's output (the bucket's own tensors while every slot is live
+        in order: no copy of the ``[bucket, V]`` log-probs)."""
+        lp, drawn = out
+        if self.slots.numel() == self.bucket:  # slots 0..bucket-1, none dropped since
+            return lp, drawn
+        return (lp.index_select(0, self.slots),
+                None if drawn is None else drawn.rows(self.slots))
+
+    def _capture(self) -> tuple[Tensor, sampling.Drawn | None] | None:
         """Capture this bucket's graph; the warm-up step's output (this step's log-probs, the
         bits a replay gives), or None when the capture failed."""
         mods = self._modules()
         before = [m.call_count for m in mods]
-        warm: Tensor | None = None
+        warm: tuple[Tensor, sampling.Drawn | None] | None = None
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -139,11 +157,16 @@ class DecodeRunner:
                 m.call_count = c
         return warm
 
-    def step(self, tok: Tensor, lengths: Tensor, need: int = 0) -> Tensor:
-        """Decode the live rows' tokens ``tok`` at positions ``lengths``: log-probs ``[n, V]``.
-        ``need``: an upper bound of ``max(lengths) + 1`` known on the host (the key span)."""
+    def step(self, tok: Tensor, lengths: Tensor, need: int = 0, u: Tensor | None = None,
+             ) -> tuple[Tensor, sampling.Drawn | None]:
+        """Decode the live rows' tokens ``tok`` at positions ``lengths``: log-probs ``[n, V]``,
+        and with ``top_p`` the sampler's first round over them with the rows' next uniforms
+        ``u``. ``need``: an upper bound of ``max(lengths) + 1`` known on the host (the span)."""
         self.tok[self.slots] = tok
         self.pos[self.slots] = lengths
+        if self.top_p is not None:
+            assert u is not None, "a fused sampler round needs the step's uniforms"
+            self.u[self.slots] = u
         if self.span_unit and need:
             span = min(self.model.max_seq_len, -(-need // self.span_unit) * self.span_unit)
             if span != self.span:
@@ -155,7 +178,7 @@ class DecodeRunner:
                 self.capture_steps += 1
                 for m, n in zip(self._modules(), self.per_replay, strict=True):
                     m.call_count += n
-                return warm.index_select(0, self.slots)
+                return self._rows(warm)
         if self.graph is not None and self.out is not None:
             self.graph.replay()
             self.replays += 1
@@ -165,4 +188,4 @@ class DecodeRunner:
         else:
             self.eager_steps += 1
             out = self._eager()
-        return out.index_select(0, self.slots)
+        return self._rows(out)

@@ -73,7 +73,7 @@ from .parallel import (
     zigzag_index,
 )
 from .probe import PERTURB_FACTOR, ProbeRequest
-from .sampling import FAST_PATHS, sample_top_p, sampler_mode
+from .sampling import FAST_PATHS, finish, sample_top_p, sampler_mode
 from .upstream import (
     manifest_fields,
     native_training_logp,
@@ -132,14 +132,17 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
         tap.rows([(i, p.numel() - 1) for i, p in enumerate(prompts)])
         graphs = False  # the probe copies rows out on the host: eager decode
     span_unit = graphs_mod.SPAN_UNIT if k.attention.implementation == "production" else 0
-    runner = DecodeRunner(model, k, caches, temperature, True, span_unit) if graphs else None
+    runner = (DecodeRunner(model, k, caches, temperature, True, span_unit, top_p) if graphs
+              else None)
     out_tok: list[list[int]] = [[] for _ in prompts]
     out_lp: list[list[float]] = [[] for _ in prompts]  # fp32 values, exact as Python floats
     active = torch.arange(len(prompts), device=dev)
     lp = model.logprobs(k, h, temperature)
+    drawn = None  # the sampler's first round, taken inside the decode graph (graphs.py)
     while True:
         with record_function("rlk.sample"):
-            tok = sample_top_p(lp, top_p, noise[active, step_i])
+            u = noise[active, step_i]
+            tok = sample_top_p(lp, top_p, u) if drawn is None else finish(drawn, top_p, u)
             chosen = (processed_selected(lp, tok, top_p) if processed
                       else lp.gather(-1, tok[:, None])[:, 0])
             sel = chosen.float().cpu().tolist()
@@ -166,7 +169,7 @@ def run_rollout(model: Qwen3, k: SideKernels, prompts: list[Tensor], max_new: li
                 h = model.hidden(k, tok[:, None], lengths[:, None], caches)[:, 0]
                 lp = model.logprobs(k, h, temperature)
             else:
-                lp = runner.step(tok, lengths, width + step_i)
+                lp, drawn = runner.step(tok, lengths, width + step_i, noise[active, step_i])
         lengths = lengths + 1
     return Rollout([torch.cat([p, torch.tensor(t, device=dev)])
                     for p, t in zip(prompts, out_tok, strict=True)],

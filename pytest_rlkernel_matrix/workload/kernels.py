@@ -397,12 +397,12 @@ class AttentionKernel(ModuleKernel):
 
     def _p_decode(self, q: Tensor, inp: AttnInputs, lw: LayerWeights, b: int, hq: int, hkv: int,
                   d: int) -> Tensor:
-        """Decode attention (flash varlen on CUDA, ``native.flash_decode``; else masked SDPA over
-        the cache read in place up to ``inp.span``), then the output projection."""
+        """Decode attention (CUDA: ``native.decode_attention``, Triton grouped or flash varlen;
+        else masked SDPA over the cache read in place up to ``inp.span``), then ``o_proj``."""
         assert inp.cache is not None
         n, span = f"model.layers.{lw.index}.", inp.span
-        if FAST_PATHS and self.tap is None and native.flash_decode_ok(q):
-            o = native.flash_decode(q.reshape(b, hq, d), inp.cache.k, inp.cache.v, inp.positions)
+        if route := (native.decode_route(q) if FAST_PATHS and self.tap is None else ""):
+            o = native.decode_attention(route, q.reshape(b, hq, d), inp.cache, inp.positions)
         else:  # [B, Hkv, span, D] views of the cache, query heads grouped per KV head
             kc, vc = inp.cache.k[:, :span].transpose(1, 2), inp.cache.v[:, :span].transpose(1, 2)
             mask = torch.arange(span, device=q.device)[None, :] <= inp.positions

@@ -19,8 +19,9 @@ the caller keeps the eager function on CPU, under a probe tap, or when the compi
 (``STATUS`` says which, and the run's manifest records it). docs/benchmarks.md has what each
 route gains on one H200.
 The KV-cache write and the decode attention stay outside the compiled functions; on CUDA the
-attention is ``flash_decode`` (flash varlen over each sequence's own keys, as vLLM's
-FlashAttention backend), elsewhere masked SDPA over the keys in use. R never comes here.
+attention is ``decode_attention``: vLLM's Triton backend's grouped decode (``triton_decode.py``,
+the default) or ``flash_decode`` (flash varlen over each sequence's own keys, as vLLM's
+FlashAttention backend); elsewhere masked SDPA over the keys in use. R never comes here.
 """
 
 from __future__ import annotations
@@ -98,22 +99,44 @@ def decode_logp(h: Tensor, norm_w: Tensor, lm_head: Tensor, eps: float,
     return torch.log_softmax(logits.float() / temperature, dim=-1)
 
 
-# P's decode attention on CUDA as vLLM's FlashAttention backend runs it: flash varlen over each
-# sequence's own keys (``seqused_k``), the token-major cache read in place, one query row per
-# head (the kernel groups the KV heads). RLK_REF_P_DECODE_ATTN=flash-packed packs the query
-# heads of a KV head as rows of its sequence instead: the same bits, and slower on one H200
-# (docs/benchmarks.md); =sdpa keeps the masked SDPA over the whole span.
-DECODE_ATTN = os.environ.get("RLK_REF_P_DECODE_ATTN", "flash")
+# P's decode attention on CUDA, as vLLM decodes: by default its Triton backend's grouped decode
+# (``triton_decode.py``: the query heads of a KV head in one tile, each key read once per KV
+# head); RLK_REF_P_DECODE_ATTN=flash is its FlashAttention backend's route, flash varlen over
+# each sequence's own keys (``seqused_k``), the token-major cache read in place, one query row
+# per head; =flash-packed packs the query heads of a KV head as rows of its sequence instead
+# (the same bits as flash, slower on one H200: docs/benchmarks.md); =sdpa keeps the masked SDPA
+# over the whole span. A route that cannot run here falls to the next (triton, flash, sdpa).
+DECODE_ATTN = os.environ.get("RLK_REF_P_DECODE_ATTN", "triton")
 PACK_GQA = DECODE_ATTN == "flash-packed"
 
 
-def flash_decode_ok(q: Tensor) -> bool:
-    """Whether flash varlen decode attention can run for ``q`` (CUDA, bf16/fp16, a torch
-    whose flash forward takes ``seqused_k``); the first refusal is said in ``STATUS``."""
-    if DECODE_ATTN not in ("flash", "flash-packed") or not q.is_cuda:
-        return False
+def decode_route(q: Tensor) -> str:
+    """P's decode attention route for ``q``: ``"triton"``, ``"flash"`` or ``""`` (masked SDPA).
+    Decided on the first CUDA call by a trial call of each route in turn; ``STATUS`` says which
+    and why the ones before it could not run."""
+    if DECODE_ATTN not in ("triton", "flash", "flash-packed") or not q.is_cuda:
+        return ""
     if "decode_attention" in STATUS:
-        return STATUS["decode_attention"].startswith("flash_varlen")
+        said = STATUS["decode_attention"]
+        return "triton" if said.startswith("triton") else (
+            "flash" if said.startswith("flash") else "")
+    z = q.new_zeros(2, 1, 1, q.shape[-1])
+    trial = (q.new_zeros(2, 1, q.shape[-1]), z, z, torch.zeros(2, 1, device=q.device))
+    refused = []
+    if DECODE_ATTN == "triton":
+        from . import triton_decode
+
+        why = "" if triton_decode.available(q.device) else "triton not importable"
+        if not why:
+            try:
+                triton_decode.decode_attention(*trial)
+            except Exception as exc:  # a compiler or driver refusal: the next route
+                why = f"triton failed: {type(exc).__name__}: {str(exc)[:160]}"
+        if not why:
+            STATUS["decode_attention"] = ("triton grouped decode (block_n, warps, stages, "
+                                          f"splits = {triton_decode.config()})")
+            return "triton"
+        refused.append(why)
     op = getattr(torch.ops.aten, "_flash_attention_forward", None)
     why = ("no aten._flash_attention_forward" if op is None
            else "its flash forward takes no seqused_k" if "seqused_k" not in str(op.default._schema)
@@ -121,13 +144,26 @@ def flash_decode_ok(q: Tensor) -> bool:
            else "")
     if not why:  # a trial call on this device (a ROCm build may lack the varlen path)
         try:
-            z = q.new_zeros(2, 1, 1, q.shape[-1])
-            flash_decode(q.new_zeros(2, 1, q.shape[-1]), z, z, torch.zeros(2, 1, device=q.device))
+            flash_decode(*trial)
         except RuntimeError as exc:
             why = f"flash varlen failed: {str(exc)[:160]}"
-    STATUS["decode_attention"] = (f"masked sdpa: {why}" if why else "flash_varlen, gqa packed"
-                                  if PACK_GQA else "flash_varlen, a row per head")
-    return not why
+    after = f" ({'; '.join(refused)})" if refused else ""
+    if why:
+        STATUS["decode_attention"] = f"masked sdpa: {'; '.join([*refused, why])}"
+        return ""
+    STATUS["decode_attention"] = ("flash_varlen, gqa packed" if PACK_GQA
+                                  else "flash_varlen, a row per head") + after
+    return "flash"
+
+
+def decode_attention(route: str, q: Tensor, cache: Any, positions: Tensor) -> Tensor:
+    """P's decode attention by ``route`` (``decode_route``): ``q [B, Hq, D]`` against the KV
+    ``cache`` (``.k``/``.v`` ``[B, cap, Hkv, D]``), row ``i`` over its keys ``0..positions[i]``."""
+    if route == "triton":
+        from . import triton_decode
+
+        return triton_decode.decode_attention(q, cache.k, cache.v, positions)
+    return flash_decode(q, cache.k, cache.v, positions)
 
 
 def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor,

@@ -29,6 +29,7 @@ R logprob was the same bits. Integer sums are associative: the token is the batc
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -112,25 +113,53 @@ def _draw(probs: Tensor, pivot: Tensor, u: Tensor) -> Tensor:
     return (j * BLOCK + idx.clamp(max=BLOCK - 1))[:, 0]
 
 
-def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
-    """Sample one token per row from temperature-scaled ``logprobs [B, V]`` with nucleus top-p.
+@dataclass
+class Drawn:
+    """A batch's first sampling round, taken with no host sync (so a decode graph can hold it):
+    each row's draw ``t`` over its whole distribution, ``t``'s fixed-point probability ``qt``
+    (the next round's pivot) and whether ``t`` is in the nucleus (``ok``). ``probs`` are the
+    rows' probabilities (vocabulary padded to ``BLOCK``); row ``i`` is ``probs[at[i]]`` (``at``
+    None: ``probs[i]``), so a graph's batch bucket can keep rows it no longer samples."""
 
-    ``u [B]``: one uniform number per row, drawn per (sample, position) before the rollout, so
-    a row's token depends on its own logprobs only, never on the batch it decodes in."""
+    probs: Tensor
+    t: Tensor
+    qt: Tensor
+    ok: Tensor
+    vocab: int
+    at: Tensor | None = None
+
+    def rows(self, idx: Tensor) -> Drawn:
+        """The rows ``idx`` of this round (``probs`` kept whole, ``at`` mapping into it)."""
+        at = idx if self.at is None else self.at.index_select(0, idx)
+        return Drawn(self.probs, self.t.index_select(0, idx), self.qt.index_select(0, idx),
+                     self.ok.index_select(0, idx), self.vocab, at)
+
+
+def first_round(logprobs: Tensor, top_p: float, u: Tensor) -> Drawn:
+    """Round 0 of ``sample_top_p`` over every row: tensor ops only, no host sync."""
     probs = logprobs.exp()
-    if not FAST_PATHS:  # RLK_REF_FAST=0: the sort-based rule (same distribution)
-        return _sorted_top_p(probs, top_p, u)
     v = probs.shape[-1]
     if v % BLOCK:  # zero-probability padding: never drawn, never above a token
         probs = torch.nn.functional.pad(probs, (0, BLOCK - v % BLOCK))
     pivot = torch.full((probs.shape[0],), -1, dtype=torch.int64, device=probs.device)
-    if top_p >= 1.0:
-        return _draw(probs, pivot, u)
+    t = _draw(probs, pivot, u)
+    qt = _fixed(probs.gather(-1, t[:, None]))[:, 0]
+    ok = (torch.ones_like(t, dtype=torch.bool) if top_p >= 1.0
+          else _pass(_mass_above, probs)(probs, qt) < int(top_p * FIXED_POINT))
+    return Drawn(probs, t, qt, ok, v)
+
+
+def finish(d: Drawn, top_p: float, u: Tensor) -> Tensor:
+    """The tokens of the rows of ``d`` (``u``: their uniforms): round 0's where it is in the
+    nucleus, else the later rounds' among the rows left (one host sync per round)."""
+    if top_p >= 1.0 or bool(d.ok.all()):
+        return d.t
     limit = int(top_p * FIXED_POINT)
-    tok = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    rows = torch.arange(probs.shape[0], device=probs.device)
-    uu = u
-    for k in range(MAX_ROUNDS):
+    tok = d.t.clone()
+    rows = (~d.ok).nonzero()[:, 0]
+    src = rows if d.at is None else d.at.index_select(0, rows)
+    probs, uu, pivot = d.probs.index_select(0, src), u[rows], d.qt[rows]
+    for k in range(1, MAX_ROUNDS):
         t = _draw(probs, pivot, _round_uniform(uu, k))
         qt = _fixed(probs.gather(-1, t[:, None]))[:, 0]
         ok = _pass(_mass_above, probs)(probs, qt) < limit
@@ -139,8 +168,19 @@ def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
             return tok
         keep = (~ok).nonzero()[:, 0]
         rows, probs, uu, pivot = rows[keep], probs[keep], uu[keep], qt[keep]
-    tok[rows] = _fixed(probs[:, :v]).argmax(-1)
+    tok[rows] = _fixed(probs[:, :d.vocab]).argmax(-1)
     return tok
+
+
+def sample_top_p(logprobs: Tensor, top_p: float, u: Tensor) -> Tensor:
+    """Sample one token per row from temperature-scaled ``logprobs [B, V]`` with nucleus top-p.
+
+    ``u [B]``: one uniform number per row, drawn per (sample, position) before the rollout, so
+    a row's token depends on its own logprobs only, never on the batch it decodes in. Round 0
+    (``first_round``) may also run inside a decode graph; ``finish`` takes the rest."""
+    if not FAST_PATHS:  # RLK_REF_FAST=0: the sort-based rule (same distribution)
+        return _sorted_top_p(logprobs.exp(), top_p, u)
+    return finish(first_round(logprobs, top_p, u), top_p, u)
 
 
 def sampler_mode() -> str:

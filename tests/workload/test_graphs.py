@@ -17,3 +17,31 @@ def test_bucket_sizes_largest_first_powers_of_two_down_to_16() -> None:
 def test_graph_mode_name_is_rl_kernels_spelling() -> None:
     expected = "compiled_hip_graph" if torch.version.hip else "compiled_cuda_graph"
     assert graph_mode_name() == expected
+
+
+def test_runner_rollout_with_the_samplers_first_round_is_the_plain_rollout() -> None:
+    """The decode runner (eager on the CPU: the code a graph captures) takes the sampler's
+    first round with the step's log-probs, over its shrinking batch buckets (40, 32, 16: rows
+    that finished stay in a bucket until the next one fits). Its rollout is the plain
+    rollout bit for bit on the R path: the same tokens, the same log-probs."""
+    from pytest_rlkernel_matrix.workload.job import run_rollout
+    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+
+    cfg = PRESETS["tiny"]
+    w = init_weights(cfg, 3, torch.float32, torch.device("cpu"))
+    k = SideKernels.build("rollout", dict.fromkeys(("attention", "ffn", "logp"), "rl_kernel"),
+                          torch.float32, Tiling.for_device(torch.device("cpu"), 64),
+                          cfg.rms_norm_eps)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, cfg.vocab_size, (int(n),), generator=gen)
+               for n in torch.randint(4, 12, (40,), generator=gen)]
+    max_new = torch.randint(3, 30, (40,), generator=gen).tolist()
+    rolls = [run_rollout(Qwen3(cfg, w, 64), k, prompts, max_new, 1.0, 0.9,
+                         torch.Generator().manual_seed(2), graphs, ignore_eos=True)
+             for graphs in (False, True)]
+    for a, b in zip(rolls[0].tokens, rolls[1].tokens, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(rolls[0].logprobs, rolls[1].logprobs, strict=True):
+        assert torch.equal(a, b)
+    assert rolls[1].execution_mode == "eager" and rolls[1].fallback_reason == "no graphs on cpu"
