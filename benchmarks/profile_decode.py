@@ -142,7 +142,8 @@ def main() -> int:
         same = torch.equal(sampling.finish(drawn, args.top_p, u),
                            sampling.sample_top_p(lp, args.top_p, u))
         print(f"fused first round + finish = sample_top_p after the plain graph: {same}; "
-              f"rows left after round 0: {int((~drawn.ok).sum())} of {b}")
+              f"rows left after round 0: {int((~drawn.ok).sum())} of {b}, after round 1: "
+              f"{int((~drawn.done1).sum()) if drawn.done1 is not None else '-'}")
 
         def replay(r: DecodeRunner) -> Callable[[], None]:
             assert r.graph is not None

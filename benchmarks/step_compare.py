@@ -37,9 +37,14 @@ CONFIGS = {
     "P-eager": ("P/P", {"RLK_REF_DECODE_GRAPHS": "0"}),
     "R-eager": ("R/R", {"RLK_REF_DECODE_GRAPHS": "0"}),
     # P's decode before issue 24 item 6: eager native math, masked SDPA over the whole cache,
-    # the eager sampler passes (the default since: Inductor-compiled math, flash varlen)
+    # the eager sampler passes after the graph (the default since: Inductor-compiled math,
+    # Triton grouped decode attention, the sampler's first rounds inside the graph)
     "P-earlier": ("P/P", {"RLK_REF_P_COMPILE": "0", "RLK_REF_P_DECODE_ATTN": "sdpa",
-                          "RLK_REF_SAMPLER_COMPILE": "0"}),
+                          "RLK_REF_SAMPLER_COMPILE": "0", "RLK_REF_SAMPLER_IN_GRAPH": "0"}),
+    # the default P of 2026-12-01 (flash varlen decode attention, the sampler after the graph)
+    "P-flash-outside": ("P/P", {"RLK_REF_P_DECODE_ATTN": "flash",
+                                "RLK_REF_SAMPLER_IN_GRAPH": "0"}),
+    "R-outside": ("R/R", {"RLK_REF_SAMPLER_IN_GRAPH": "0"}),  # R, the sampler after the graph
     "P-sdpa": ("P/P", {"RLK_REF_P_DECODE_ATTN": "sdpa"}),  # masked SDPA decode attention
     "P-flash": ("P/P", {"RLK_REF_P_DECODE_ATTN": "flash"}),  # flash varlen (Triton since)
     "P-packed": ("P/P", {"RLK_REF_P_DECODE_ATTN": "flash-packed"}),  # heads packed per KV head

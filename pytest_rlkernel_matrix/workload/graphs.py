@@ -1,8 +1,10 @@
 """Decode loop under CUDA/HIP graphs at fixed batch buckets (both P and R rollout).
 
 vLLM-style: the decode step (``Qwen3.decode_step``: embedding, every layer, final norm, LM head,
-log-softmax) is captured once per batch bucket and replayed; sampling and bookkeeping stay
-eager. A bucket holds its own static inputs (token, position per slot) and KV caches. Finished
+log-softmax) is captured once per batch bucket and replayed, with the sampler's first two
+rounds over its log-probs (``sampling.first_round``: no host sync; ``sampling.finish`` takes any
+round after, eager, with the bookkeeping; ``RLK_REF_SAMPLER_IN_GRAPH=0`` samples after the
+graph). A bucket holds its own static inputs (token, position per slot) and KV caches. Finished
 sequences keep their slot (its output is ignored) until the live count fits the next smaller
 bucket; then the live rows' caches move to that bucket's caches and its graph is captured.
 
@@ -34,6 +36,8 @@ from .model import Qwen3
 from .weights import KVCache
 
 MIN_BUCKET = 16
+# The sampler's rounds 0 and 1 inside the decode graph (RLK_REF_SAMPLER_IN_GRAPH=0: after it).
+SAMPLER_IN_GRAPH = os.environ.get("RLK_REF_SAMPLER_IN_GRAPH", "1") != "0"
 # Opt-in (not yet measured on a GPU): 0, the default, keeps the whole cache as every step's span.
 SPAN_UNIT = int(os.environ.get("RLK_REF_DECODE_SPAN_UNIT", "0"))
 
@@ -63,7 +67,7 @@ class DecodeRunner:
         self.model, self.kernels, self.temperature = model, kernels, temperature
         # top_p given: the graph also takes the sampler's first round (sampling.first_round)
         # over the step's log-probs, with this step's uniforms in ``self.u``
-        self.top_p = top_p if sampling.FAST_PATHS else None
+        self.top_p = top_p if sampling.FAST_PATHS and SAMPLER_IN_GRAPH else None
         self.span_unit, self.span = span_unit, model.max_seq_len
         self.buckets = bucket_sizes(caches[0].k.shape[0])
         self.bucket = self.buckets[0]
@@ -115,7 +119,9 @@ class DecodeRunner:
     def _eager(self) -> tuple[Tensor, sampling.Drawn | None]:
         lp = self.model.decode_step(self.kernels, self.tok, self.pos, self.caches,
                                     self.temperature, self.span)
-        return lp, None if self.top_p is None else sampling.first_round(lp, self.top_p, self.u)
+        if self.top_p is None:
+            return lp, None
+        return lp, sampling.first_round(lp, self.top_p, self.u, sampling.SPARE)
 
     def _rows(self, out: tuple[Tensor, sampling.Drawn | None]
               ) -> tuple[Tensor, sampling.Drawn | None]:
@@ -146,6 +152,8 @@ class DecodeRunner:
             self.per_replay = [m.call_count - c for m, c in zip(mods, mid, strict=True)]
             self.graph, self.out = graph, out
             self.captures += 1
+            if self.top_p is not None:
+                sampling.STATUS["decode_graph"] = f"rounds 0-1 inside ({sampling.SPARE} rows)"
         except Exception as exc:
             torch.cuda.synchronize()
             self.use_graphs = False

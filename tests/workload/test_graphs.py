@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pytest_rlkernel_matrix.workload.graphs import bucket_sizes, graph_mode_name
@@ -45,3 +46,46 @@ def test_runner_rollout_with_the_samplers_first_round_is_the_plain_rollout() -> 
     for a, b in zip(rolls[0].logprobs, rolls[1].logprobs, strict=True):
         assert torch.equal(a, b)
     assert rolls[1].execution_mode == "eager" and rolls[1].fallback_reason == "no graphs on cpu"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_sampler_rounds_inside_the_graph_change_no_token() -> None:
+    """R on the GPU (batch-invariant Triton kernels): eager decode, graphs with the sampler
+    after them, and graphs holding its rounds 0-1 give the same tokens and log-probs, bit for
+    bit, over shrinking buckets; the manifest line says where the rounds ran."""
+    from pytest_rlkernel_matrix.workload import graphs, sampling
+    from pytest_rlkernel_matrix.workload.job import run_rollout
+    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+
+    dev = torch.device("cuda")
+    cfg = PRESETS["small"]
+    w = init_weights(cfg, 0, torch.bfloat16, dev)
+    k = SideKernels.build("rollout", dict.fromkeys(("attention", "ffn", "logp"), "rl_kernel"),
+                          torch.bfloat16, Tiling.for_device(dev, 96), cfg.rms_norm_eps, "triton")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, cfg.vocab_size, (int(n),), generator=gen).to(dev)
+               for n in torch.randint(4, 24, (80,), generator=gen)]
+    max_new = torch.randint(20, 60, (80,), generator=gen).tolist()
+
+    def roll(use_graphs: bool, inside: bool):
+        graphs.SAMPLER_IN_GRAPH = inside
+        try:
+            with torch.inference_mode():
+                return run_rollout(Qwen3(cfg, w, 96), k, prompts, max_new, 1.0, 0.9,
+                                   torch.Generator(device=dev).manual_seed(2), use_graphs)
+        finally:
+            graphs.SAMPLER_IN_GRAPH = True
+
+    sampling.STATUS.pop("decode_graph", None)
+    eager, outside = roll(False, True), roll(True, False)
+    assert "decode_graph" not in sampling.STATUS
+    inside = roll(True, True)
+    assert sampling.STATUS["decode_graph"] == f"rounds 0-1 inside ({sampling.SPARE} rows)"
+    assert inside.execution_mode == outside.execution_mode == graph_mode_name()
+    for ro in (outside, inside):
+        for a, b in zip(eager.tokens, ro.tokens, strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(eager.logprobs, ro.logprobs, strict=True):
+            assert torch.equal(a, b)
