@@ -11,7 +11,6 @@ the P path's.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -23,20 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 from torch import Tensor
+from triton_env import CUDA, DEV, DT, HAS_TRITON, INTERPRET, needs_kernels
 
 from pytest_rlkernel_matrix.workload import autograd as ag
 from pytest_rlkernel_matrix.workload import env as wenv
 from pytest_rlkernel_matrix.workload import kernels as kn
 from pytest_rlkernel_matrix.workload import rl
 
-CUDA = torch.cuda.is_available()
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRET = not CUDA and HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
-needs_kernels = pytest.mark.skipif(
-    not (CUDA and HAS_TRITON) and not INTERPRET,
-    reason="needs a CUDA/ROCm device with triton (or TRITON_INTERPRET=1 with triton installed)")
-DEV = torch.device("cuda" if CUDA else "cpu")
-DT = torch.bfloat16 if CUDA else torch.float32
 ROOT = Path(__file__).resolve().parents[2]
 rl.prepare_deterministic(DEV)  # before the first cuBLAS call: deterministic cuBLAS
 

@@ -7,7 +7,6 @@ interpreter (fp32, small shapes) when ``TRITON_INTERPRET=1`` is set and triton i
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import subprocess
@@ -16,16 +15,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from triton_env import CUDA, DEV, DT, HAS_TRITON, INTERPRET, needs_kernels, same
 
-CUDA = torch.cuda.is_available()
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRET = not CUDA and HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
-needs_kernels = pytest.mark.skipif(
-    not (CUDA and HAS_TRITON) and not INTERPRET,
-    reason="needs a CUDA/ROCm device with triton (or TRITON_INTERPRET=1 with triton installed: "
-           "Triton's CPU interpreter)")
-DEV = torch.device("cuda" if CUDA else "cpu")
-DT = torch.bfloat16 if CUDA else torch.float32  # the interpreter has no bf16 tensor cores
 # (hidden, q heads, kv heads, head dim, intermediate, vocab)
 SHAPE = (1024, 16, 8, 128, 3072, 151936) if CUDA else (64, 4, 2, 16, 96, 300)
 
@@ -62,10 +53,10 @@ def test_matmul_rows_batch_invariant(kn: tuple[int, int]) -> None:
     a, w = rnd(m_max, k, seed=1), rnd(n, k, seed=2, scale=0.05)
     full = tk().matmul(a, w, torch.float32)
     for m in SIZES:
-        assert torch.equal(tk().matmul(a[:m], w, torch.float32), full[:m]), m
-        assert torch.equal(tk().matmul(a[20:20 + m], w, torch.float32), full[20:20 + m]), m
+        assert same(tk().matmul(a[:m], w, torch.float32), full[:m]), m
+        assert same(tk().matmul(a[20:20 + m], w, torch.float32), full[20:20 + m]), m
     perm = torch.randperm(m_max, generator=torch.Generator().manual_seed(3)).to(DEV)
-    assert torch.equal(tk().matmul(a[perm], w, torch.float32), full[perm])
+    assert same(tk().matmul(a[perm], w, torch.float32), full[perm])
     assert torch.equal(tk().matmul(a, w, DT), full.to(DT))  # epilogue cast = one rounding
     assert rel(full, a.double() @ w.double().t()) < 1e-5
 
@@ -245,17 +236,17 @@ def test_attention_training_prefill_decode_bitwise() -> None:
     kc, vc = rnd(b, cap, hkv, d, seed=14), rnd(b, cap, hkv, d, seed=15)  # stale cache contents
     kc[:, :t], vc[:, :t] = k, v
     for n in range(1, b + 1):  # batch sizes 1..N
-        assert torch.equal(tk().attention(q[:n], k[:n], v[:n], pos[:n]), train[:n])
+        assert same(tk().attention(q[:n], k[:n], v[:n], pos[:n]), train[:n])
     pre = t // 3
-    assert torch.equal(tk().attention(q[:, :pre], kc, vc, pos[:, :pre]), train[:, :pre])
+    assert same(tk().attention(q[:, :pre], kc, vc, pos[:, :pre]), train[:, :pre])
     for step in sorted({0, 1, t // 2, t - 1}):  # decode at block edges and inside
         out = tk().attention(q[:, step:step + 1], kc, vc, pos[:, step:step + 1])
-        assert torch.equal(out, train[:, step:step + 1]), step
+        assert same(out, train[:, step:step + 1]), step
     # one decode batch mixing rows at different positions, in a shuffled slot order
     rows = torch.tensor(list(range(b))[::-1], device=DEV)
     steps = torch.tensor([(7 * i + 3) % t for i in range(b)], device=DEV)
     out = tk().attention(q[rows, steps][:, None], kc[rows], vc[rows], steps[:, None])
-    assert torch.equal(out[:, 0], train[rows, steps])
+    assert same(out[:, 0], train[rows, steps])
 
 
 @pytest.mark.gpu
