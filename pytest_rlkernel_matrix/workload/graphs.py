@@ -65,7 +65,7 @@ class DecodeRunner:
                  top_p: float | None = None) -> None:
         dev = caches[0].k.device
         self.model, self.kernels, self.temperature = model, kernels, temperature
-        # top_p given: the graph also takes the sampler's first round (sampling.first_round)
+        # top_p given: the graph also takes the sampler's rounds 0-1 (sampling.first_round)
         # over the step's log-probs, with this step's uniforms in ``self.u``
         self.top_p = top_p if sampling.FAST_PATHS and SAMPLER_IN_GRAPH else None
         self.span_unit, self.span = span_unit, model.max_seq_len
@@ -168,7 +168,7 @@ class DecodeRunner:
     def step(self, tok: Tensor, lengths: Tensor, need: int = 0, u: Tensor | None = None,
              ) -> tuple[Tensor, sampling.Drawn | None]:
         """Decode the live rows' tokens ``tok`` at positions ``lengths``: log-probs ``[n, V]``,
-        and with ``top_p`` the sampler's first round over them with the rows' next uniforms
+        and with ``top_p`` the sampler's rounds 0-1 over them with the rows' next uniforms
         ``u``. ``need``: an upper bound of ``max(lengths) + 1`` known on the host (the span)."""
         self.tok[self.slots] = tok
         self.pos[self.slots] = lengths
