@@ -238,12 +238,76 @@ def _canonical(obj: Any) -> bytes:
             .replace(mod, b"ctorch\n"))
 
 
+class _Layout:
+    """What `_zip_records`' first pass read of one file and found sound, for the next file of
+    the same size and central directory offset (`_LAYOUTS`): the bytes from the central
+    directory to the end and each local header's, apart from two kinds of fields: the CRCs
+    (their values only feed the CRC checks of the second pass, made on each file's own) and
+    the archive folder of each record's name (torch names it after the file). A file whose
+    bytes are equal in all other places, and whose records all name one folder of the same
+    length, in ASCII and without a "/", takes every branch of the first pass the same way (it
+    reads no other byte), so its records lie where this file's do."""
+
+    __slots__ = ("cd_off", "crcs", "first", "items", "keep", "locals", "segments", "width")
+
+    def __init__(self, raw: bytes, cd_off: int, prefix: str,
+                 items: list[tuple[str, int, int, int, int, int]]) -> None:
+        width = len(prefix)
+        self.cd_off, self.width, self.first = cd_off, width, items[0][4]
+        keep = (1 << (8 * (len(raw) - cd_off))) - 1
+        for item in items:  # (the CRC field of each central header)
+            keep &= ~(0xFFFFFFFF << (8 * (item[3] - cd_off)))
+        self.keep = keep
+        cuts = [at for item in items for at in (item[4], item[4] + width)]
+        edges = [cd_off, *cuts, len(raw)]
+        self.segments = [raw[lo:hi] for lo, hi in zip(edges[::2], edges[1::2], strict=True)]
+        self.locals = []
+        for item in items:
+            off = item[5]
+            name_at = off + _LOCAL.size
+            end = name_at + int.from_bytes(raw[off + 26:off + 28], "little")
+            self.locals.append((off, raw[off:off + 14], off + 18, raw[off + 18:name_at],
+                                name_at, name_at + width, raw[name_at + width:end]))
+        self.items = [(inner, start, size) for inner, start, size, _, _, _ in items]
+        self.crcs = [(inner, crc_at) for inner, _, _, crc_at, _, _ in items
+                     if not (inner.startswith("data/") and _KEY.match(inner[5:]))]
+
+    def records(self, raw: bytes) -> tuple[str, dict[str, memoryview], dict[str, int]] | None:
+        """(folder, records, CRCs of the records the second pass checks) of `raw`, or None
+        where a byte the first pass reads differs from this layout's file."""
+        folder = raw[self.first:self.first + self.width]
+        if not folder.isascii() or b"/" in folder:
+            return None
+        if (int.from_bytes(raw[self.cd_off:], "little") ^ int.from_bytes(
+                folder.join(self.segments), "little")) & self.keep:
+            return None
+        starts = raw.startswith
+        for off, head, at, sizes, name_at, inner_at, inner in self.locals:
+            if not (starts(head, off) and starts(sizes, at) and starts(folder, name_at)
+                    and starts(inner, inner_at)):
+                return None
+        view = memoryview(raw)
+        return (folder.decode("ascii"),
+                {inner: view[start:start + size] for inner, start, size in self.items},
+                {inner: int.from_bytes(raw[at:at + 4], "little") for inner, at in self.crcs})
+
+
+_LAYOUTS: dict[tuple[int, int], _Layout] = {}  # by (file size, central directory offset)
+_LAYOUTS_KEPT = 64
+
+
 def _zip_records(raw: bytes) -> tuple[str, dict[str, memoryview]]:
-    """(archive folder, {name inside it: the record's bytes}) of a zip laid out as torch's."""
+    """(archive folder, {name inside it: the record's bytes}) of a zip laid out as torch's.
+    A file laid out byte for byte as one read before (`_Layout`) skips the first pass."""
     n = len(raw)
     if n < _EOCD.size or raw[:4] != b"PK\x03\x04":
         raise Unsupported("not a zip file")
     sig, disk, disk_cd, here, total, cd_size, cd_off, comment = _EOCD.unpack_from(raw, n - 22)
+    layout = _LAYOUTS.get((n, cd_off))
+    found = None if layout is None else layout.records(raw)
+    if found is not None:
+        _check_records(found[1], found[2])
+        return found[0], found[1]
     if sig != b"PK\x05\x06" or disk or disk_cd or here != total or comment:
         raise Unsupported("zip end record is not a single-disk one without comment")
     end = n - 22
@@ -266,11 +330,14 @@ def _zip_records(raw: bytes) -> tuple[str, dict[str, memoryview]]:
     pos, prefix, first = cd_off, "", True
     central, local, csz, lsz, cd_end = (_CENTRAL.unpack_from, _LOCAL.unpack_from, _CENTRAL.size,
                                         _LOCAL.size, cd_off + cd_size)
+    # (name inside the folder, start, size, CRC at, name at, local header at)
+    items: list[tuple[str, int, int, int, int, int]] = []
     for _ in range(total):
         if pos + csz > cd_end:
             raise Unsupported("zip central directory is truncated")
         (csig, _, _, flags, method, _, _, crc, csize, usize, nlen, xlen, clen, dstart, _, _,
          off) = central(raw, pos)
+        at_crc, at_name = pos + 16, pos + csz
         name_b = raw[pos + csz:pos + csz + nlen]
         pos += csz + nlen + xlen + clen
         if (csig != b"PK\x01\x02" or flags & 0x41 or method or csize != usize or dstart
@@ -295,8 +362,19 @@ def _zip_records(raw: bytes) -> tuple[str, dict[str, memoryview]]:
             raise Unsupported(f"zip record {name[:80]!r} is not one of one archive folder")
         records[inner] = view[start:start + usize]
         crcs[inner] = crc
+        items.append((inner, start, usize, at_crc, at_name, off))
     if pos != cd_off + cd_size:
         raise Unsupported("zip central directory size disagrees with its records")
+    _check_records(records, crcs)
+    if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+        _LAYOUTS.clear()
+    _LAYOUTS[(n, cd_off)] = _Layout(raw, cd_off, prefix, items)
+    return prefix, records
+
+
+def _check_records(records: dict[str, memoryview], crcs: dict[str, int]) -> None:
+    """The second pass of `_zip_records`: each record one torch writes, the small ones with
+    their only content, CRC-checked (a tensor's record is not: torch's reader does not)."""
     for inner, data in records.items():
         if inner.startswith("data/") and _KEY.match(inner[5:]):
             continue
@@ -314,7 +392,6 @@ def _zip_records(raw: bytes) -> tuple[str, dict[str, memoryview]]:
     for need in ("data.pkl", "byteorder", "version"):
         if need not in records:
             raise Unsupported(f"zip has no {need} record")
-    return prefix, records
 
 
 # The opcodes Python's pickler writes, protocol 2, for the values read here, with their
@@ -374,6 +451,77 @@ def _scan(pkl: bytes) -> None:
                 raise Unsupported("data.pkl has bytes after its STOP")
             return
     raise Unsupported("data.pkl has no STOP")
+
+
+# Subset proofs kept for the next file (`_like_proven`): data.pkl streams that passed the scan
+# and the proof, by length, each with where its BININT1, BININT2 and BININT arguments lie.
+_PROVEN: dict[int, list[tuple[bytes, dict[int, tuple[int, int]]]]] = {}
+_PROVEN_KEPT = 4  # streams per length
+_INT_OPS = {ord("K"): 1, ord("M"): 2, ord("J"): 4}
+
+
+def _int_args(pkl: bytes) -> dict[int, tuple[int, int]]:
+    """{position: (its argument's first byte, opcode)} of every byte of a K, M or J argument
+    of a stream `_scan` accepted (stepped through opcode by opcode, as `_scan` does)."""
+    out: dict[int, tuple[int, int]] = {}
+    i, n, args = 0, len(pkl), _ARGS
+    while i < n:
+        op = pkl[i]
+        size = args[op]
+        i += 1
+        if op in _INT_OPS:
+            for at in range(i, i + size):  # type: ignore[operator]
+                out[at] = (i, op)
+        if size is None or op == 0x2E:
+            break
+        if size > 0:
+            i += size
+        elif size == -4:
+            i += 4 + int.from_bytes(pkl[i:i + 4], "little")
+        elif size == -1:
+            i += 1 + pkl[i]
+        elif size == -2:
+            i = pkl.find(b"\n", pkl.find(b"\n", i) + 1) + 1
+    return out
+
+
+def _like_proven(pkl: bytes) -> bool:
+    """Whether `pkl` is a stream proven before (`_remember_proven`) with at most the values of
+    some K, M and J arguments changed, each to a value Python's pickler writes with that
+    opcode (K: 0..255, M: 256..65535, J: any other 32-bit int). Such a stream holds the same
+    opcodes (the scan's outcome is the same) and unpickles to the same object but for those
+    ints; the pickler does not memoise ints, so it writes that object as the proven stream with
+    the new values: `pkl` itself, and the proof holds for it without pickling it again."""
+    for known, ints in _PROVEN.get(len(pkl), ()):
+        if known == pkl:
+            return True
+        diff = int.from_bytes(known, "little") ^ int.from_bytes(pkl, "little")
+        base, spans = 0, set()
+        while diff:
+            skip = ((diff & -diff).bit_length() - 1) >> 3  # the next differing byte
+            span = ints.get(base + skip)
+            if span is None or len(spans) > 32:
+                break
+            spans.add(span)
+            diff >>= 8 * (skip + 1)
+            base += skip + 1
+        else:
+            if all(op == 0x4B or (op == 0x4D and int.from_bytes(pkl[at:at + 2], "little") > 0xFF)
+                   or (op == 0x4A and not 0 <= int.from_bytes(pkl[at:at + 4], "little",
+                                                              signed=True) <= 0xFFFF)
+                   for at, op in spans):
+                return True
+    return False
+
+
+def _remember_proven(pkl: bytes) -> None:
+    """Keep `pkl` (scanned, proven) for `_like_proven`."""
+    kept = _PROVEN.setdefault(len(pkl), [])
+    if len(_PROVEN) > 256:
+        _PROVEN.clear()
+        kept = _PROVEN.setdefault(len(pkl), [])
+    kept.insert(0, (pkl, _int_args(pkl)))
+    del kept[_PROVEN_KEPT:]
 
 
 _PLAIN = (str, float, bool, type(None))
@@ -497,12 +645,17 @@ def load(raw: bytes, name: str = "<bytes>", *, arrays: str = "torch") -> Any:
         pkl = bytes(records["data.pkl"])
         if _MOD in pkl:
             raise Unsupported("data.pkl names this reader's module")
-        _scan(pkl)
+        proven = _like_proven(pkl)  # (then the scan's outcome and the proof are known)
+        if not proven:
+            _scan(pkl)
         obj = _Unpickler(pkl, records).load()
         tensors: list[_Tensor] = []
         _check(obj, tensors, set(), set())
-        if _canonical(obj) != pkl:
-            raise Unsupported("data.pkl is not what torch.save's pickler writes for its values")
+        if not proven:
+            if _canonical(obj) != pkl:
+                raise Unsupported("data.pkl is not what torch.save's pickler writes for its "
+                                  "values")
+            _remember_proven(pkl)
     except Unsupported as exc:
         raise Unsupported(f"{name}: {exc}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
