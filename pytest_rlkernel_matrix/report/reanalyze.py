@@ -101,6 +101,8 @@ class _Task:
     cell: Cell
     mode: str
     record: dict[str, Any] | None = None
+    key_inputs: dict[str, Any] | None = None  # a cache key to make before the analysis
+    key: Any = None  # (`cache.Key`) the key made so
 
 
 def default_jobs() -> int:
@@ -111,19 +113,30 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell,
-                  mode: str) -> dict[str, Any]:
+def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell, mode: str,
+                  key_inputs: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
     """One cell's analysis (in a pool worker: one cell's samples in memory at a time), with
     Python's cycle collector paused: a full-size cell allocates millions of objects (the
     sidecars' lists, dicts and tuples) and frees nearly all of them by reference counting, so
     its 160-odd collections found about a hundred objects in cycles and cost 5% of the
-    cell's CPU (measured, docs/benchmarks.md). Cycles made meanwhile are collected after."""
+    cell's CPU (measured, docs/benchmarks.md). Cycles made meanwhile are collected after.
+    `key_inputs`: the cell's cache key (`cache.cache_key`) is made here first, before its
+    files are read (a cell without a cache entry: the key only serves to store the record),
+    in the worker instead of one after the other before the pool starts. (record, key)."""
     import gc
 
+    from pytest_rlkernel_matrix.report import cache
+
+    key = None
+    if key_inputs is not None:
+        try:
+            key = cache.cache_key(root / rel, key_inputs)
+        except OSError:  # a directory the key cannot list: no entry stored, the analysis says
+            key = None
     paused = gc.isenabled()
     gc.disable()
     try:
-        return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel)
+        return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel), key
     finally:
         if paused:
             gc.enable()
@@ -133,7 +146,21 @@ def _reuse_freed_memory() -> None:
     """glibc only (elsewhere nothing): keep the memory a cell's analysis frees for the next
     cell instead of handing it back to the kernel and faulting it in again. A cell's arrays
     are tens of MB each; page faults cost about 10 us each on the VMs measured
-    (docs/benchmarks.md). Only this command's processes (`rlk-matrix report`) set it."""
+    (docs/benchmarks.md). Only this command's processes (`rlk-matrix report`) set it.
+    Also: numpy's arrays without transparent huge pages (numpy asks for them on arrays of
+    4 MiB and more, where the kernel leaves it to programs: `madvise` mode): on the VMs
+    measured a huge page's fault cost more than the small pages it replaces (a full-size
+    cell's first analysis in a process: 0.76 s of system time with them, 0.44 without; the
+    same user time), and a cell's arrays live for one analysis. numpy's own switch
+    (`NUMPY_MADVISE_HUGEPAGE=0` at import) does the same."""
+    try:
+        import numpy  # (every cell's analysis imports it)
+    except ImportError:
+        numpy = None
+    switch = getattr(getattr(getattr(numpy, "_core", None), "multiarray", None),
+                     "_set_madvise_hugepage", None)
+    if callable(switch):
+        switch(False)
     try:
         import ctypes
 
@@ -162,8 +189,8 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
         if todo:
             _reuse_freed_memory()
         for task in todo:
-            task.record = _analyze_task(root, task.rel, gaps[task.hardware], task.cell,
-                                        task.mode)
+            task.record, task.key = _analyze_task(root, task.rel, gaps[task.hardware],
+                                                  task.cell, task.mode, task.key_inputs)
             done(task)
         return
     # fork: the workers start at once with this process's imports (the CLI runs no threads).
@@ -183,12 +210,12 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx,
                              initializer=_one_thread) as pool:
-        futures = {pool.submit(_analyze_task, root, t.rel, gaps[t.hardware], t.cell, t.mode): t
-                   for t in todo}
+        futures = {pool.submit(_analyze_task, root, t.rel, gaps[t.hardware], t.cell, t.mode,
+                               t.key_inputs): t for t in todo}
         for future in as_completed(futures):
             task = futures[future]
             try:
-                task.record = future.result()
+                task.record, task.key = future.result()
             except Exception as exc:  # a worker died (killed, out of memory): this cell errs
                 task.record = error_record(task.cell, task.mode, "analysis failed in a worker "
                                            f"process: {type(exc).__name__}: {str(exc)[:300]}",
@@ -275,15 +302,17 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             rel = str(run_dir.relative_to(root))
             plan.append((task(rel, run_dir.parent.name, _cell_from_dir(run_dir),
                               str(matrix.get("mode", "?"))), None, {}))
-    keys: dict[str, cache.Key] = {}
+    keys: dict[str, cache.Key | None] = {}
     todo: list[_Task] = []
     scrub = Scrubber.from_env(os.environ).obj
     for t in tasks.values():
         if use_cache:
             # The cell and mode label only a record whose cell-run.json is unusable, which is
             # never cached (`done`): the key is the directory and the matrix file's gaps.
-            hit, why, keys[t.rel] = cache.lookup(root, t.rel, {
-                "artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]})
+            inputs = {"artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]}
+            hit, why, keys[t.rel] = cache.lookup(root, t.rel, inputs, defer=True)
+            if keys[t.rel] is None:  # no entry: the key is made where the cell is read
+                t.key_inputs = inputs
             if hit is not None:
                 t.record = scrub(hit)
                 continue
@@ -294,9 +323,10 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
 
     def done(t: _Task) -> None:
         reasons = (t.record or {}).get("reasons") or [""]
-        if use_cache and t.record is not None and not str(reasons[0]).startswith(
-                ("cell-run.json: ", "analysis failed")):
-            cache.store(root, t.rel, keys[t.rel], t.record)
+        key = keys.get(t.rel) or t.key
+        if use_cache and t.record is not None and key is not None and not str(
+                reasons[0]).startswith(("cell-run.json: ", "analysis failed")):
+            cache.store(root, t.rel, key, t.record)
         bar.update(t)
 
     try:
