@@ -309,9 +309,18 @@ def _load_sidecar(path: Path, root: Path, problems: list[str],
     return _load_pt(path, root, problems, sidecar=True)
 
 
+_SCALAR_TYPES = frozenset((int, float, str, bool, type(None)))
+_ARRAY_TYPES = frozenset((np.ndarray,))
+
+
 def _arrays_only_in_lists(data: dict[str, Any]) -> bool:
     for k, v in data.items():
+        if type(v) in _SCALAR_TYPES:  # (holds no array)
+            continue
         if k in LIST_FIELDS and type(v) in (list, tuple):
+            kinds = set(map(type, v))
+            if kinds <= _ARRAY_TYPES or kinds <= _SCALAR_TYPES:  # (what the test below passes)
+                continue
             if not all(type(x) is np.ndarray or not _holds_array(x) for x in v):
                 return False
         elif _holds_array(v):

@@ -203,6 +203,18 @@ class _Unpickler(pickle.Unpickler):
         raise Unsupported(f"global {module}.{name[:80]} is not in the fast reader's allowlist")
 
     def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is tuple and len(pid) == 5:  # a storage first seen: what the checks
+            tag, kind, key, where, numel = pid  # below accept, sooner
+            if (type(tag) is str and tag == "storage" and type(kind) is _StorageType
+                    and type(key) is str and where == "cpu" and type(numel) is int):
+                data = self._records.get("data/" + key)
+                if (data is not None and numel >= 0 and numel * kind.itemsize == len(data)
+                        and key not in self._used):
+                    self._used[key] = (kind.name, numel)
+                    return _Storage(pid, kind, data)
+        return self._persistent_checked(pid)
+
+    def _persistent_checked(self, pid: Any) -> Any:
         if (type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage"
                 or type(pid[0]) is not str or type(pid[1]) is not _StorageType
                 or type(pid[2]) is not str or pid[3] != "cpu" or type(pid[4]) is not int):
