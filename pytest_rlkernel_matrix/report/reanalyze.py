@@ -102,7 +102,7 @@ class _Task:
     mode: str
     record: dict[str, Any] | None = None
     key_inputs: dict[str, Any] | None = None  # a cache key to make before the analysis
-    key: Any = None  # (`cache.Key`) the key made so
+    key: Any = None  # the key made so, as `cache.Key`'s fields (plain data across processes)
 
 
 def default_jobs() -> int:
@@ -127,10 +127,11 @@ def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell, mode:
 
     from pytest_rlkernel_matrix.report import cache
 
-    key = None
+    key = None  # (as plain data: the parent rebuilds the `cache.Key`)
     if key_inputs is not None:
         try:
-            key = cache.cache_key(root / rel, key_inputs)
+            made = cache.cache_key(root / rel, key_inputs)
+            key = (made.key, made.stamps, made.hashed_ns, made.hashed)
         except OSError:  # a directory the key cannot list: no entry stored, the analysis says
             key = None
     if not _PREFAULTED:
@@ -372,7 +373,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
 
     def done(t: _Task) -> None:
         reasons = (t.record or {}).get("reasons") or [""]
-        key = keys.get(t.rel) or t.key
+        key = keys.get(t.rel) or (None if t.key is None else cache.Key(*t.key))
         if use_cache and t.record is not None and key is not None and not str(
                 reasons[0]).startswith(("cell-run.json: ", "analysis failed")):
             cache.store(root, t.rel, key, t.record)
