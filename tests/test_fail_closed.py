@@ -266,6 +266,35 @@ def test_one_sidecar_copied_as_three_ranks(tmp_path: Path) -> None:
                     "mismatch-sidecars/rank00002.call00000000.pt")
 
 
+def test_rank_files_alike_at_both_ends_are_not_called_byte_identical(tmp_path: Path) -> None:
+    """The sidecars' sha256 is taken only for files whose size and first and last 4 KiB agree
+    (`evidence._exact_digests`): one byte changed in the middle is another file, a copy the
+    same file."""
+    from pytest_rlkernel_matrix.judge import evidence
+
+    k = kit(tmp_path)
+    data = k.sidecar()
+    n = 6000
+    data["train_log_probs"][0] = -torch.rand(n)
+    data["rollout_log_probs"][0] = data["train_log_probs"][0].clone()
+    data["loss_masks"][0] = torch.ones(n)
+    data["total_lengths"][0], data["response_lengths"][0] = n + 8, n
+    src = k.write_sidecar(data)
+    raw = bytearray(src.read_bytes())
+    raw[len(raw) // 2] ^= 1  # inside a tensor's record (its CRC is not read)
+    src.with_name("rank00001.call00000000.pt").write_bytes(bytes(raw))
+    shutil.copy(src, src.with_name("rank00002.call00000000.pt"))
+    assert len(raw) > 3 * 8192
+    assert evidence._provisional_digest(bytes(raw)) == evidence._provisional_digest(
+        src.read_bytes())
+    rec = k.analyze()
+    assert rec["verdict"] == "incomparable"
+    said = [r for r in rec["reasons"] if "byte-identical" in r]
+    assert said == ["byte-identical rank files mismatch-sidecars/rank00000.call00000000.pt, "
+                    "mismatch-sidecars/rank00002.call00000000.pt: one rank's evidence copied, "
+                    "not separate ranks"], rec["reasons"]
+
+
 def test_ranks_must_be_0_to_n_minus_1(tmp_path: Path) -> None:
     k = kit(tmp_path)
     (k.dir / "mismatch-sidecars" / "rank00000.call00000000.pt").unlink()

@@ -304,3 +304,60 @@ def test_records_carry_the_plugin_overhead(pytester: pytest.Pytester, make_matri
     again = json.loads(reanalyze(root, jobs=1, use_cache=False,
                                  progress=False).read_text())["cells"][0]
     assert {k: again["overhead"][k] for k in meta["overhead"]} == meta["overhead"]
+
+
+def test_the_page_rendered_beside_the_json_is_the_page_and_failures_are_said_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reanalyze` renders matrix-report.html in a forked child while it writes the JSON: the
+    same page `write_html` writes; a child that fails leaves the render (and its error) to
+    this process; a JSON that cannot be written leaves no page and no part file behind."""
+    import json
+    import threading
+
+    from pytest_rlkernel_matrix.report import html
+    from pytest_rlkernel_matrix.report import reanalyze as rean
+
+    root = _root(tmp_path)
+    rean.reanalyze(root, jobs=1, progress=False)
+    page = root / html.HTML_FILE
+    assert page.read_text() == html.render_html(json.loads((root / "matrix-report.json")
+                                                           .read_text()), None)
+    assert oct(page.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    report = json.loads((root / "matrix-report.json").read_text())
+    alone = threading.active_count() == 1  # (another test's thread, e.g. tqdm's: no fork)
+    rendering = rean._html_beside(report, root / "x.html", None)
+    assert (rendering is not None) == alone
+    assert rean._html_done(rendering, root / "x.html") == alone
+    if alone:
+        assert (root / "x.html").read_text() == page.read_text()
+    calls: list[int] = []
+    real = html.write_html
+
+    def fails_in_the_child(report: Any, path: Path, pre: Any = None) -> None:
+        calls.append(os.getpid())
+        if os.getpid() != me:
+            raise RuntimeError("child")
+        raise OSError("no room for the page")
+
+    me = os.getpid()
+    monkeypatch.setattr(html, "write_html", fails_in_the_child)
+    with pytest.raises(OSError, match="no room for the page"):
+        rean.reanalyze(root, jobs=1, progress=False)
+    assert calls == [me]  # (the child's call is in its own memory; this one raised here)
+    monkeypatch.setattr(html, "write_html", real)
+
+    def no_json(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    page.unlink()
+    monkeypatch.setattr(rean, "write_json_atomic", no_json)
+    with pytest.raises(OSError, match="disk full"):
+        rean.reanalyze(root, jobs=1, progress=False)
+    assert not page.exists()
+    assert not [p for p in root.iterdir() if p.name.endswith(".rendered")]
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

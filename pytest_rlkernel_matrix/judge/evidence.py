@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import threading
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -308,9 +309,18 @@ def _load_sidecar(path: Path, root: Path, problems: list[str],
     return _load_pt(path, root, problems, sidecar=True)
 
 
+_SCALAR_TYPES = frozenset((int, float, str, bool, type(None)))
+_ARRAY_TYPES = frozenset((np.ndarray,))
+
+
 def _arrays_only_in_lists(data: dict[str, Any]) -> bool:
     for k, v in data.items():
+        if type(v) in _SCALAR_TYPES:  # (holds no array)
+            continue
         if k in LIST_FIELDS and type(v) in (list, tuple):
+            kinds = set(map(type, v))
+            if kinds <= _ARRAY_TYPES or kinds <= _SCALAR_TYPES:  # (what the test below passes)
+                continue
             if not all(type(x) is np.ndarray or not _holds_array(x) for x in v):
                 return False
         elif _holds_array(v):
@@ -335,7 +345,6 @@ def _read_sidecar_file(path: Path, root: Path, problems: list[str], memo: dict[A
     except Refused as exc:
         problems.append(str(exc))
         return None
-    digest = hashlib.sha256(raw).hexdigest()
     data = ptread.load_arrays(raw, path.name)
     if isinstance(data, dict) and _arrays_only_in_lists(data):
         try:
@@ -344,9 +353,39 @@ def _read_sidecar_file(path: Path, root: Path, problems: list[str], memo: dict[A
             pass
         else:
             memo[("sidecar", id(data))] = (data, done, None)
-            return data, digest
+            memo[("raw", str(path), str(root))] = raw  # (its arrays are views of it anyway)
+            return data, _provisional_digest(raw)
     data = ptread.pt_dict(raw, path.name, problems)
-    return None if data is None else (data, digest)
+    return None if data is None else (data, hashlib.sha256(raw).hexdigest())
+
+
+def _provisional_digest(raw: bytes) -> str:
+    """A stand-in for a sidecar's sha256 (`_exact_digests`): equal for equal bytes (its size
+    and the CRCs of its first and last 4 KiB: a torch file's data.pkl and its zip directory,
+    with every record's CRC); never a sha256's hex digits (it starts with "~")."""
+    view = memoryview(raw)
+    return f"~{len(raw)}:{zlib.crc32(view[:4096]):08x}:{zlib.crc32(view[-4096:]):08x}"
+
+
+def _exact_digests(ev: Evidence, pending: dict[str, list[tuple[dict[str, Any], Path]]]) -> None:
+    """The rank files' sha256 where it is needed: the files that share a provisional digest
+    (`_provisional_digest`) get their sha256, from the bytes read (kept in `pt_memo()`), or
+    read again where they were not kept; every other file's stand-in is unique to it. So the
+    files that share a `sha256` value are exactly the files whose sha256 is the same, as when
+    every file's sha256 was taken (`verdict._judge_ranks`: byte-identical rank files)."""
+    memo = getattr(_LOCAL, "memo", None) or {}
+    for rows in pending.values():
+        if len(rows) < 2:
+            continue
+        for row, path in rows:
+            raw = memo.get(("raw", str(path), str(ev.root)))
+            if raw is None:
+                try:
+                    raw = read_bytes(path, ev.root, MAX_PT_BYTES)
+                except Refused as exc:
+                    ev.problems.append(str(exc))
+                    continue
+            row["sha256"] = hashlib.sha256(raw).hexdigest()
 
 
 def _read_sidecar_once(data: dict[str, Any], file: str) -> tuple[SidecarInfo, list[Shard]]:
@@ -388,7 +427,10 @@ def _renumber(samples: Iterable[Sample]) -> list[Sample]:
     return out
 
 
-def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard]) -> None:
+def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard],
+                  pending: dict[str, list[tuple[dict[str, Any], Path]]]) -> None:
+    """One sidecar's shards into `shards` and its row into `ev.rank_files`; a row whose
+    `sha256` is a stand-in (`_provisional_digest`) is listed in `pending` by it."""
     loaded = _load_sidecar(path, ev.root, ev.problems)
     if loaded is None:
         return
@@ -407,10 +449,13 @@ def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard]) -> None:
     if data.get("run_id") is not None:
         ev.run_ids[rel] = str(data.get("run_id"))
     m = _SIDECAR_NAME_RE.match(path.name)
-    ev.rank_files.append({"file": rel, "sha256": digest, "rank": info.rank, "tp": info.tp,
-                          "cp": info.cp, "call": info.call, "samples": info.samples,
-                          "name_rank": int(m.group(1)) if m else None,
-                          "name_call": int(m.group(2)) if m else None})
+    row = {"file": rel, "sha256": digest, "rank": info.rank, "tp": info.tp, "cp": info.cp,
+           "call": info.call, "samples": info.samples,
+           "name_rank": int(m.group(1)) if m else None,
+           "name_call": int(m.group(2)) if m else None}
+    ev.rank_files.append(row)
+    if digest.startswith("~"):
+        pending.setdefault(digest, []).append((row, path))
     ev.samples_per_rank[info.rank] = ev.samples_per_rank.get(info.rank, 0) + info.samples
     shards.extend(found)
 
@@ -527,8 +572,10 @@ def _read_logprobs(ev: Evidence) -> None:
     if files:
         ev.logprob_source = "mismatch-sidecars"
         shards: list[Shard] = []
+        pending: dict[str, list[tuple[dict[str, Any], Path]]] = {}
         for path in files:
-            _read_sidecar(ev, path, shards)
+            _read_sidecar(ev, path, shards, pending)
+        _exact_digests(ev, pending)
         merged = merge(shards)
         samples, parts = merged.samples, merged.parts
         ev.sample_problems.extend(merged.problems)

@@ -191,21 +191,33 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
     cp_rank = (info.rank // info.tp) % info.cp
     dp = info.rank // (info.tp * info.cp)
     shards = []
+    totals, resps, masks, trains, rolls = (lists[k] for k in (
+        "total_lengths", "response_lengths", "loss_masks", "train_log_probs",
+        "rollout_log_probs"))
     for i in range(info.samples):
-        total = _count(lists["total_lengths"][i], f"total_lengths[{i}]", 1)  # type: ignore[index]
-        resp = _count(lists["response_lengths"][i], f"response_lengths[{i}]", 1)  # type: ignore[index]
+        # (each value taken as is where it is what `_count` / `float_array` accept at once)
+        total, resp = totals[i], resps[i]  # type: ignore[index]
+        if not (type(total) is int and total >= 1):
+            total = _count(total, f"total_lengths[{i}]", 1)
+        if not (type(resp) is int and resp >= 1):
+            resp = _count(resp, f"response_lengths[{i}]", 1)
         if resp > total:
             raise SidecarError(f"sample {i}: response_lengths {resp} > total_lengths {total}")
-        full = float_array(lists["loss_masks"][i], f"loss_masks[{i}]")  # type: ignore[index]
+        full = masks[i]  # type: ignore[index]
+        if not (type(full) is np.ndarray and full.ndim == 1 and full.dtype.kind in "fiub"):
+            full = float_array(full, f"loss_masks[{i}]")
         if full.size != resp:
             raise SidecarError(f"sample {i}: full loss mask holds {full.size} values, "
                                f"response_lengths is {resp}")
         offsets = response_offsets(total, resp, info.cp, cp_rank)
+        train, roll = trains[i], rolls[i]  # type: ignore[index]
+        if not (type(train) is np.ndarray and train.ndim == 1 and train.dtype.kind in "fiub"):
+            train = float_array(train, f"train_log_probs[{i}]")
+        if not (type(roll) is np.ndarray and roll.ndim == 1 and roll.dtype.kind in "fiub"):
+            roll = float_array(roll, f"rollout_log_probs[{i}]")
         shards.append(Shard(
             file=file, rank=info.rank, call=info.call, dp=dp, index=i, cp_rank=cp_rank, cp=info.cp,
-            total=total, response=resp,
-            train=float_array(lists["train_log_probs"][i], f"train_log_probs[{i}]"),  # type: ignore[index]
-            rollout=float_array(lists["rollout_log_probs"][i], f"rollout_log_probs[{i}]"),  # type: ignore[index]
+            total=total, response=resp, train=train, rollout=roll,
             mask=full[offsets].astype(bool), offsets=offsets))  # (sliced, then cast: the same)
     return info, shards
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_rlkernel_matrix.judge.crosscheck import (
     Exposure,
@@ -41,8 +41,10 @@ from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.run.runner import RunResult
 from pytest_rlkernel_matrix.spec.cells import Cell
 from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
-from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 from pytest_rlkernel_matrix.spec.terms import plural
+
+if TYPE_CHECKING:  # (annotations only: the matrix file's pydantic models load in 0.1 s)
+    from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 
 IMPLEMENTATION = {"P": "production", "R": "rl_kernel"}
 UNSUPPORTED_CLASSES = (

@@ -42,8 +42,10 @@ HASH_CAP = 256 * 2**20  # a non-.pt file larger than this is identified by size 
 SETTLED_NS = 2 * 10**9  # a stored hash is reused only for files unchanged this long before it
 
 
-def _sha256(path: str) -> str:
+def _sha256(path: str, size: int = -1) -> str:
     with open(path, "rb", buffering=0) as fh:
+        if 0 <= size <= 1 << 20:  # one read (file_digest allocates a 256 KiB buffer per file)
+            return hashlib.sha256(fh.read()).hexdigest()
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
@@ -105,7 +107,7 @@ def file_identity(run_dir: Path, previous: Mapping[str, Any] | None = None,
                         and isinstance(old[3], str)):
                     digest = old[3]
                 else:
-                    digest = _sha256(entry.path)
+                    digest = _sha256(entry.path, st.st_size)
                     hashed += 1
                 out[rel] = ["file", st.st_size, st.st_mtime_ns, digest]
                 stamps[rel] = stamp
@@ -165,11 +167,15 @@ def read_entry(root: Path, rel: str) -> tuple[dict[str, Any] | None, str]:
     return entry, ""
 
 
-def lookup(root: Path, rel: str, inputs: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str,
-                                                                      Key]:
+def lookup(root: Path, rel: str, inputs: Mapping[str, Any], *, defer: bool = False,
+           ) -> tuple[dict[str, Any] | None, str, Key | None]:
     """(cached record, "", key) on a hit, else (None, why the entry is not used, key): the key
-    of `<root>/<rel>` as it is now, to store the record under after a miss."""
+    of `<root>/<rel>` as it is now, to store the record under after a miss. ``defer``: no
+    key where there is no usable entry (None: a miss whatever the files are; the caller makes
+    the key, `cache_key(root / rel, inputs)`, before it reads them)."""
     entry, why = read_entry(root, rel)
+    if entry is None and defer:
+        return None, why, None
     key = cache_key(root / rel, inputs, entry)
     if entry is None:
         return None, why, key

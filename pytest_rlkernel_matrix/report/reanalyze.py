@@ -101,6 +101,8 @@ class _Task:
     cell: Cell
     mode: str
     record: dict[str, Any] | None = None
+    key_inputs: dict[str, Any] | None = None  # a cache key to make before the analysis
+    key: Any = None  # the key made so, as `cache.Key`'s fields (plain data across processes)
 
 
 def default_jobs() -> int:
@@ -111,17 +113,57 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell,
-                  mode: str) -> dict[str, Any]:
-    """One cell's analysis (in a pool worker: one cell's samples in memory at a time)."""
-    return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel)
+def _analyze_task(root: Path, rel: str, gaps: tuple[Any, ...], cell: Cell, mode: str,
+                  key_inputs: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """One cell's analysis (in a pool worker: one cell's samples in memory at a time), with
+    Python's cycle collector paused: a full-size cell allocates millions of objects (the
+    sidecars' lists, dicts and tuples) and frees nearly all of them by reference counting, so
+    its 160-odd collections found about a hundred objects in cycles and cost 5% of the
+    cell's CPU (measured, docs/benchmarks.md). Cycles made meanwhile are collected after.
+    `key_inputs`: the cell's cache key (`cache.cache_key`) is made here first, before its
+    files are read (a cell without a cache entry: the key only serves to store the record),
+    in the worker instead of one after the other before the pool starts. (record, key)."""
+    import gc
+
+    from pytest_rlkernel_matrix.report import cache
+
+    key = None  # (as plain data: the parent rebuilds the `cache.Key`)
+    if key_inputs is not None:
+        try:
+            made = cache.cache_key(root / rel, key_inputs)
+            key = (made.key, made.stamps, made.hashed_ns, made.hashed)
+        except OSError:  # a directory the key cannot list: no entry stored, the analysis says
+            key = None
+    if not _PREFAULTED:
+        _prefault_heap(root / rel)
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return analyze_run(root / rel, gaps=gaps, cell=cell, mode=mode, artifact_dir=rel), key
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _reuse_freed_memory() -> None:
     """glibc only (elsewhere nothing): keep the memory a cell's analysis frees for the next
     cell instead of handing it back to the kernel and faulting it in again. A cell's arrays
     are tens of MB each; page faults cost about 10 us each on the VMs measured
-    (docs/benchmarks.md). Only this command's processes (`rlk-matrix report`) set it."""
+    (docs/benchmarks.md). Only this command's processes (`rlk-matrix report`) set it.
+    Also: numpy's arrays without transparent huge pages (numpy asks for them on arrays of
+    4 MiB and more, where the kernel leaves it to programs: `madvise` mode): on the VMs
+    measured a huge page's fault cost more than the small pages it replaces (a full-size
+    cell's first analysis in a process: 0.76 s of system time with them, 0.44 without; the
+    same user time), and a cell's arrays live for one analysis. numpy's own switch
+    (`NUMPY_MADVISE_HUGEPAGE=0` at import) does the same."""
+    try:
+        import numpy  # (every cell's analysis imports it)
+    except ImportError:
+        numpy = None
+    switch = getattr(getattr(getattr(numpy, "_core", None), "multiarray", None),
+                     "_set_madvise_hugepage", None)
+    if callable(switch):
+        switch(False)
     try:
         import ctypes
 
@@ -130,6 +172,53 @@ def _reuse_freed_memory() -> None:
         return
     mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MiB from the heap, reused
     mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap for reuse
+
+
+_PREFAULTED: list[int] = []  # the bytes `_prefault_heap` asked for, once per process
+_PREFAULT_CAP = 512 << 20
+
+
+def _prefault_heap(run_dir: Path) -> None:
+    """Linux 5.14+ with glibc only (elsewhere nothing), once per process, after
+    `_reuse_freed_memory`: the heap grown by about what the first cell's analysis takes
+    (2.5 x its sidecars' bytes, at most 512 MiB) and its pages made present by one
+    `madvise(MADV_POPULATE_WRITE)`, then given back to malloc, which keeps them (the trim
+    threshold) for the analysis. Faulting them in one by one cost about 4 us a page on the
+    VMs measured, populating them about 2 (docs/benchmarks.md); later cells reuse the same
+    memory either way."""
+    want = 0
+    for sub in ("mismatch-sidecars", "mismatch_sidecars"):
+        try:
+            with os.scandir(run_dir / sub) as it:
+                want += sum(e.stat(follow_symlinks=False).st_size for e in it
+                            if e.name.endswith(".pt"))
+        except OSError:
+            continue
+    want = min(_PREFAULT_CAP, want * 5 // 2)
+    _PREFAULTED.append(want)
+    if want < 32 << 20:
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        malloc, free, madvise, sbrk = libc.malloc, libc.free, libc.madvise, libc.sbrk
+        malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        free.restype, free.argtypes = None, [ctypes.c_void_p]
+        sbrk.restype, sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+        madvise.restype = ctypes.c_int
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError, ImportError):
+        return
+    low = sbrk(0)
+    blocks = [malloc(16 << 20) for _ in range(want // (16 << 20))]  # (below the mmap
+    high = sbrk(0)  # threshold `_reuse_freed_memory` sets: from the heap, one after another)
+    for block in reversed(blocks):
+        if block:
+            free(block)
+    if low and high and high > low:
+        start = (low + 4095) & ~4095
+        madvise(start, high - start, 23)  # MADV_POPULATE_WRITE (an older kernel: EINVAL)
 
 
 def _one_thread() -> None:
@@ -150,8 +239,8 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
         if todo:
             _reuse_freed_memory()
         for task in todo:
-            task.record = _analyze_task(root, task.rel, gaps[task.hardware], task.cell,
-                                        task.mode)
+            task.record, task.key = _analyze_task(root, task.rel, gaps[task.hardware],
+                                                  task.cell, task.mode, task.key_inputs)
             done(task)
         return
     # fork: the workers start at once with this process's imports (the CLI runs no threads).
@@ -171,12 +260,12 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx,
                              initializer=_one_thread) as pool:
-        futures = {pool.submit(_analyze_task, root, t.rel, gaps[t.hardware], t.cell, t.mode): t
-                   for t in todo}
+        futures = {pool.submit(_analyze_task, root, t.rel, gaps[t.hardware], t.cell, t.mode,
+                               t.key_inputs): t for t in todo}
         for future in as_completed(futures):
             task = futures[future]
             try:
-                task.record = future.result()
+                task.record, task.key = future.result()
             except Exception as exc:  # a worker died (killed, out of memory): this cell errs
                 task.record = error_record(task.cell, task.mode, "analysis failed in a worker "
                                            f"process: {type(exc).__name__}: {str(exc)[:300]}",
@@ -263,15 +352,17 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             rel = str(run_dir.relative_to(root))
             plan.append((task(rel, run_dir.parent.name, _cell_from_dir(run_dir),
                               str(matrix.get("mode", "?"))), None, {}))
-    keys: dict[str, cache.Key] = {}
+    keys: dict[str, cache.Key | None] = {}
     todo: list[_Task] = []
     scrub = Scrubber.from_env(os.environ).obj
     for t in tasks.values():
         if use_cache:
             # The cell and mode label only a record whose cell-run.json is unusable, which is
             # never cached (`done`): the key is the directory and the matrix file's gaps.
-            hit, why, keys[t.rel] = cache.lookup(root, t.rel, {
-                "artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]})
+            inputs = {"artifact_dir": t.rel, "gaps": [repr(g) for g in gaps[t.hardware]]}
+            hit, why, keys[t.rel] = cache.lookup(root, t.rel, inputs, defer=True)
+            if keys[t.rel] is None:  # no entry: the key is made where the cell is read
+                t.key_inputs = inputs
             if hit is not None:
                 t.record = scrub(hit)
                 continue
@@ -282,9 +373,10 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
 
     def done(t: _Task) -> None:
         reasons = (t.record or {}).get("reasons") or [""]
-        if use_cache and t.record is not None and not str(reasons[0]).startswith(
-                ("cell-run.json: ", "analysis failed")):
-            cache.store(root, t.rel, keys[t.rel], t.record)
+        key = keys.get(t.rel) or (None if t.key is None else cache.Key(*t.key))
+        if use_cache and t.record is not None and key is not None and not str(
+                reasons[0]).startswith(("cell-run.json: ", "analysis failed")):
+            cache.store(root, t.rel, key, t.record)
         bar.update(t)
 
     try:
@@ -321,7 +413,6 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
     if notes:
         report["reanalysis_notes"] = notes
     target = output or old_path
-    write_json_atomic(target, report)
     from pytest_rlkernel_matrix.report.html import HTML_FILE, write_html
 
     pre = root / "preflight.json"
@@ -329,8 +420,59 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
         pre_data = json.loads(pre.read_text()) if pre.exists() else None
     except (OSError, ValueError, RecursionError):
         pre_data = None
-    write_html(report, target.with_name(HTML_FILE), pre_data)
+    html = target.with_name(HTML_FILE)
+    rendering = _html_beside(report, html, pre_data)
+    try:
+        write_json_atomic(target, report)
+    except BaseException:
+        _html_done(rendering, None)
+        raise
+    if not _html_done(rendering, html):
+        write_html(report, html, pre_data)
     return target
+
+
+def _html_beside(report: dict[str, Any], html: Path, pre: Any) -> tuple[int, Path] | None:
+    """Where this process may fork (POSIX, no other thread): the HTML page rendered by a
+    child process into a file beside `html` while this process writes the JSON (each took
+    a tenth of a second or two at 12 full-size cells); (child pid, its file), else None."""
+    import threading
+
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return None
+    from pytest_rlkernel_matrix.report.html import write_html
+
+    part = html.with_name(f".{html.name}.{os.getpid()}.rendered")
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:  # the child: the page, written atomically under its own name, or status 1
+        code = 1
+        try:
+            write_html(report, part, pre)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid, part
+
+
+def _html_done(rendering: tuple[int, Path] | None, html: Path | None) -> bool:
+    """Wait for `_html_beside`'s child; move its page to `html` (None: discard it). False
+    where there is no page (no child, or it failed: the caller renders it here, so its
+    error, if any, is raised here)."""
+    if rendering is None:
+        return False
+    pid, part = rendering
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        status = -1
+    if html is not None and status == 0 and part.is_file():
+        os.replace(part, html)
+        return True
+    part.unlink(missing_ok=True)
+    return False
 
 
 
