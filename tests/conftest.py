@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -76,6 +77,11 @@ _PYCACHE = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The Ctrl-C tests need a session that takes Ctrl-C. A shell without job control starts its
+    # background jobs with SIGINT ignored, and an ignored signal stays ignored in every process
+    # started below; a handled one is the default again in each of them.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers", "fresh_probe: run the real preflight probe (make_matrix shares none)")
     # Before xdist starts its workers (pytest_sessionstart): they and every process they start
