@@ -237,7 +237,10 @@ def pytest_configure(config: pytest.Config) -> None:
         pre = session.root / PREFLIGHT_FILE
         session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
     else:
-        root = default_root(path, config.getoption("rlk_matrix_root"), os.environ)
+        from datetime import UTC, datetime
+
+        now = datetime.now(UTC)  # one instant: the root's stamp and the run ids' stamp
+        root = default_root(path, config.getoption("rlk_matrix_root"), os.environ, now)
         _check_names(_asked(config), matrix, path)  # what can be checked before the root
         undo: Callable[[], None] = lambda: None  # noqa: E731
         if not dry:
@@ -257,6 +260,8 @@ def pytest_configure(config: pytest.Config) -> None:
             hardware, data = _hardware(config, matrix, path, plan, raw_dir)
             session = MatrixSession(matrix=matrix, matrix_path=path, root=root,
                                     hardware=hardware, mode=mode, layout=layout, plan=plan,
+                                    plan_named=plan and bool(_asked(config)),
+                                    created=now.isoformat(timespec="seconds"),
                                     preflight=data, dry=dry,
                                     probe=bool(config.getoption("rlk_probe")))
             if data:
@@ -447,10 +452,12 @@ class MatrixHooks:
         cells = [item.stash[CELL_KEY] for item in items if isinstance(item, MatrixItem)]
         ms.set_selected(cells)
         if ms.plan:
+            from pytest_rlkernel_matrix.plan import plan_text
+
             writer = self.config.get_terminal_writer()
             writer.line("")
             writer.line(f"# rlk plan: {plural(len(cells), 'cell')}, matrix root {ms.root}")
-            writer.line(ms.plan_text(cells, ms.mode))
+            writer.line(plan_text(ms, cells, ms.mode))
             # Planned, not deselected: they leave the run and the final line says so.
             self.planned = [i for i in items if isinstance(i, MatrixItem)]
             items[:] = [i for i in items if not isinstance(i, MatrixItem)]

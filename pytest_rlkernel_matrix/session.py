@@ -68,18 +68,20 @@ def _share_seen(share: Mapping[str, Any] | None, result: RunResult) -> dict[str,
     return out
 
 
-def utc_stamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+def utc_stamp(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
 
 
-def default_root(matrix_path: Path, option: str | None, env: Mapping[str, str]) -> Path:
+def default_root(matrix_path: Path, option: str | None, env: Mapping[str, str],
+                 now: datetime | None = None) -> Path:
     """`--rlk-matrix-root`, else `$MATRIX_ROOT`, else `outputs/rlkernel/ablation-matrix-<stamp>`
-    next to the matrix file (`$MATRIX_STAMP` or the UTC time)."""
+    next to the matrix file (`$MATRIX_STAMP` or the UTC time `now`: pass the session's
+    `created`, so the root's stamp and the run ids' stamp are one instant)."""
     if option:
         return Path(option).expanduser().resolve()
     if env.get("MATRIX_ROOT"):
         return Path(env["MATRIX_ROOT"]).expanduser().resolve()
-    stamp = env.get("MATRIX_STAMP") or utc_stamp()
+    stamp = env.get("MATRIX_STAMP") or utc_stamp(now)
     return matrix_path.parent / "outputs" / "rlkernel" / f"ablation-matrix-{stamp}"
 
 
@@ -106,6 +108,7 @@ class MatrixSession:
     layout: str
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     plan: bool = False
+    plan_named: bool = False  # --rlk-plan --rlk-hardware: the named machine's plan (`plan`)
     dry: bool = False
     probe: bool = False  # --rlk-probe: probe runs of drifting cells (also [probe] when)
     preflight: dict[str, Any] = field(default_factory=dict)
@@ -238,32 +241,6 @@ class MatrixSession:
         return cpushare.plan_share(self.cpu_slot, launcher=self.matrix.runner.launcher,
                                    inherited=base or os.environ, profile_env=profile.env,
                                    runner_env=self.matrix.runner.env)
-
-    def plan_text(self, cells: Sequence[Cell], mode: str) -> str:
-        """Per run: what the launcher would run (env contract + command, or the batch script)."""
-        out: list[str] = []
-        seen: set[str] = set()
-        listed = {c.run_key for c in cells}
-        baselines = [b for b in (self.factor_baseline(c) for c in cells if c.factor is not None)
-                     if b.run_key not in listed]
-        for cell in [*cells, *baselines]:
-            if cell.run_key in seen:
-                continue
-            seen.add(cell.run_key)
-            command = self.command(cell)
-            names = [c.id for c in cells if c.run_key == cell.run_key] or [
-                f"{cell.id} (baseline of factor cells, not selected itself)"]
-            run_dir = self.run_dir(cell)
-            _, recorded = self.environment(cell, mode, run_dir, base={})
-            owner = self.canonical.get(cell.run_key, cell)
-            job = CellJob(key=cell.run_key, label=f"{owner.hardware}/{run_dir.name}",
-                          command=command if isinstance(command, str) else list(command),
-                          cwd=self.command_cwd(), env=recorded, recorded=recorded,
-                          run_dir=run_dir, timeout=self.matrix.runner.timeout)
-            out.append(f"# {', '.join(names)}  (mode {mode})")
-            out.append(self.launcher.render(job))
-            out.append("")
-        return self.scrubber.text("\n".join(out))
 
     # -- running --------------------------------------------------------------------------------
     def run_cell(self, cell: Cell, *, mode: str, env_hook: Any = None) -> dict[str, Any]:

@@ -89,6 +89,52 @@ def test_plan_prints_env_and_runs_nothing(pytester: pytest.Pytester, make_matrix
     assert not root.exists()
 
 
+def test_plan_for_named_hardware_is_that_machines_plan(
+        pytester: pytest.Pytester, make_matrix, tmp_path: Path, reuse_probe: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--rlk-plan --rlk-hardware=h100` copies nothing this machine decides into the H100's
+    cells (this Python, this box's CPU share) and names what the H100 decides at run time; a
+    value the profile sets is shown. Header and run ids carry one stamp. Without
+    `--rlk-hardware` the plan is this machine's and shows its values."""
+    import re
+
+    make_matrix(hardware='[hardware.cpu]\nbackend = "cpu"\n[hardware.h100]\nbackend = "cuda"\n'
+                'match = { device_name = "H100" }\n'
+                'env = { PYTHON_BIN = "/opt/venv/bin/python3" }\n')
+    monkeypatch.delenv("PYTHON_BIN", raising=False)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MATRIX_ROOT", "MATRIX_STAMP"):
+        monkeypatch.delenv(var, raising=False)
+    result = pytester.runpytest("--rlk-plan", "--rlk-hardware=h100", "-k", "attention")
+    assert result.ret == 0
+    text = result.stdout.str()
+    for var in ("OMP_NUM_THREADS=", "MKL_NUM_THREADS=", "RLK_MATRIX_CPUS=", "RLK_MATRIX_THREADS="):
+        assert var not in text, var
+    assert text.count("PYTHON_BIN=/opt/venv/bin/python3") == 4  # the profile's own value
+    assert text.count("# decided at run time on the h100 machine") == 1
+    assert "#   PYTHON_BIN" not in text
+    assert ("#   OMP_NUM_THREADS, MKL_NUM_THREADS, RLK_MATRIX_THREADS: the size of the cell's "
+            "CPU share there") in text
+    assert "#   RLK_MATRIX_CPUS: the cell's CPU list there" in text
+    (stamp,) = re.findall(r"# rlk plan: 4 cells, matrix root \S*ablation-matrix-(\d{8}T\d{6}Z)",
+                          text)
+    ids = set(re.findall(r"RL_KERNEL_RUN_ID=h100-attention-[a-z]{2}-(\d{8}T\d{6}Z)-", text))
+    assert ids == {stamp}
+    # This machine's plan (preflight detects cpu): its Python and its CPU share.
+    here = pytester.runpytest("--rlk-plan", "-k", "attention and R/R")
+    assert here.ret == 0
+    text = here.stdout.str()
+    assert f"PYTHON_BIN={sys.executable}" in text and "RLK_MATRIX_CPUS=" in text
+    assert "decided at run time" not in text
+    (stamp,) = re.findall(r"ablation-matrix-(\d{8}T\d{6}Z)\n", text)
+    assert set(re.findall(r"RL_KERNEL_RUN_ID=cpu-attention-rr-(\d{8}T\d{6}Z)-", text)) == {stamp}
+    # Named, even when it is this machine's profile: what the run decides is named, not guessed.
+    named = pytester.runpytest("--rlk-plan", "--rlk-hardware=cpu", "-k", "attention and R/R")
+    assert named.ret == 0
+    text = named.stdout.str()
+    assert "PYTHON_BIN=" not in text and "RLK_MATRIX_CPUS=" not in text
+    assert "#   PYTHON_BIN: the Python that runs pytest there, unless the environment sets" in text
+
+
 def test_hardware_not_on_this_machine_is_a_usage_error(pytester: pytest.Pytester,
                                                        make_matrix) -> None:
     make_matrix(hardware='[hardware.cpu]\nbackend = "cpu"\n[hardware.h100]\nbackend = "cuda"\n'
