@@ -365,3 +365,53 @@ def test_readme_everyday_lines_run_on_the_cpu_machine(line: str, pytester: pytes
     (pytester.path / "matrix.toml").write_text(text(REPO / "matrix.toml"))
     result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", *args)
     assert result.ret == 0, f"{line}\n{result.stdout.str()}\n{result.stderr.str()}"
+
+
+# -- the README: a product page that is true today --
+
+
+def plugin_options() -> set[str]:
+    """Every `--rlk-*` option plugin.py registers (read from its source)."""
+    src = text(REPO / "pytest_rlkernel_matrix" / "plugin.py")
+    return set(re.findall(r"addoption\(\s*\"(--rlk-[a-z-]+)\"", src))
+
+
+def test_readme_lists_every_option_plugin_py_registers(registered_options: set[str]) -> None:
+    options = plugin_options()
+    assert {"--rlk-matrix", "--rlk-plan", "--rlk-repeat-baseline", "--rlk-probe"} <= options
+    assert options <= registered_options  # the source reading finds real options
+    readme = text(REPO / "README.md")
+    section = readme[readme.index("Options (`pytest --help`"):readme.index("Markers:")]
+    listed = set(re.findall(r"^\| `(--rlk-[a-z-]+)", section, re.MULTILINE))
+    assert listed == options, (f"README's options table lacks {sorted(options - listed)}, "
+                               f"names unknown {sorted(listed - options)}")
+
+
+def test_readme_carries_no_history_of_figures() -> None:
+    """Test-suite counts and dated timings live in docs/benchmarks.md, not on the product page."""
+    readme = prose(text(REPO / "README.md"))
+    for pattern in (r"\d+ items", r"\d+ passed", r"\d+ skipped", r"\b20\d\d-\d\d-\d\d\b",
+                    r"\d+ min \d+ s"):
+        assert not re.search(pattern, readme), pattern
+    assert "The project's own tests" in text(DOCS / "benchmarks.md")
+
+
+def test_readme_layout_matches_a_real_root() -> None:
+    """Cells sit under <root>/<hardware>/ and the three R/R cells share one directory, as the
+    README says (the checked-in CPU example's report)."""
+    readme = text(REPO / "README.md")
+    assert "<hardware>/<cell>/" in readme and "`<hardware>/attention-rr`" in readme
+    report = json.loads((DOCS / "examples" / "cpu" / "matrix-report.json").read_text())
+    dirs = {(c["module"], c["case"]): c["artifact_dir"] for c in report["cells"]}
+    assert all(d.startswith(f"{c['hardware']}/") for c, d in
+               zip(report["cells"], dirs.values(), strict=True))
+    assert {dirs[(m, "R/R")] for m in ("attention", "ffn", "logp")} == {"cpu/attention-rr"}
+
+
+def test_artifact_format_states_the_weight_versions_the_workload_writes() -> None:
+    """The reference workload writes one weight version per step (v0-v5 by default)."""
+    run = DOCS / "examples" / "cpu" / "cpu" / "attention-rr" / "weight-audit"
+    versions = sorted(int(p.stem) for p in run.glob("*.json"))
+    assert versions == list(range(6))
+    body = " ".join(text(DOCS / "artifact-format.md").split())
+    assert "`0.json` ... `5.json`" in body and "writes one version, `0`, per run" not in body
