@@ -464,8 +464,36 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def docs_dir() -> Path | None:
+    """This installation's manual: shipped in the wheel (`pytest_rlkernel_matrix/docs/`, copied
+    there by setup.py's build step) or, in a checkout or editable install, the repository's
+    `docs/` beside the package. None when neither holds it."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "docs", package.parent / "docs"):
+        if (candidate / "index.md").is_file() and (candidate / "en" / "index.md").is_file():
+            return candidate
+    return None
+
+
+def docs_epilog() -> str:
+    """Where to read, for `rlk-matrix --help`."""
+    where = docs_dir()
+    if where is None:
+        return ("documentation: not found in this installation; it is docs/ in the source "
+                "distribution (docs/index.md)")
+    return "\n".join((
+        "documentation (this installation's copy):",
+        f"  start here (English en/, Chinese zh/): {where / 'index.md'}",
+        f"  the matrix and matrix.toml:            {where / 'en' / 'matrix.md'}",
+        f"  verdicts and the report:               {where / 'en' / 'verdicts.md'}",
+        f"  what a launcher writes (required keys): {where / 'artifact-format.md'}",
+        f"  the real engines (vLLM + Megatron):    {where / 'en' / 'engines.md'}"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlk-matrix", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rlk-matrix", description=__doc__.splitlines()[0],
+                                     epilog=docs_epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("preflight", help="fingerprint this machine and software; run nothing")
@@ -519,10 +547,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "still required): the regression gate for a new commit")
     c.add_argument("--json", default=None, metavar="FILE", help="write the comparison as JSON")
     c.set_defaults(func=_compare)
-    i = sub.add_parser("init", help="write a starter matrix.toml (never overwrites one)")
+    i = sub.add_parser("init", help="write a starter matrix.toml (never overwrites one)",
+                       epilog=docs_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("dir", nargs="?", default=".", help="directory for matrix.toml (default: .)")
     i.add_argument("--engines", action="store_true",
-                   help="the real-engines matrix (vLLM + Megatron-core; docs/en/engines.md) "
+                   help="the real-engines matrix (vLLM + Megatron-core; en/engines.md of "
+                   "the documentation below) "
                    "instead of the built-in reference workload")
     i.set_defaults(func=_init)
     return parser

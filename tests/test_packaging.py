@@ -4,6 +4,7 @@ built wheel's contents and metadata (real subprocesses, a real wheel build)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,7 +87,8 @@ def test_init_engines_and_never_overwrites(tmp_path: Path) -> None:
 
 
 def test_wheel_ships_templates_license_and_metadata(tmp_path: Path) -> None:
-    """`pip wheel` of the checkout: templates, LICENSE and the project metadata are in it."""
+    """`pip wheel` of the checkout: templates, LICENSE, the manual and the project metadata are
+    in it, and an installed wheel's CLI points at the manual it ships."""
     src = tmp_path / "src"  # a copy, so the build leaves no build/ or egg-info in the checkout
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
         ".git", ".venv*", "venv", ".tox", "outputs", "build", "dist", "*.egg-info", "__pycache__",
@@ -108,6 +110,34 @@ def test_wheel_ships_templates_license_and_metadata(tmp_path: Path) -> None:
         licenses = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         assert len(licenses) == 1, sorted(names)
         assert zf.read(licenses[0]) == (REPO / "LICENSE").read_bytes()
+    # The manual the CLI points to ships inside the package (setup.py's build step).
+    manual = [p for pattern in ("*.md", "en/*.md", "zh/*.md")
+              for p in sorted((REPO / "docs").glob(pattern))]
+    assert len(manual) >= 25
+    with zipfile.ZipFile(wheel) as zf:
+        for path in manual:
+            member = f"pytest_rlkernel_matrix/docs/{path.relative_to(REPO / 'docs').as_posix()}"
+            assert zf.read(member) == path.read_bytes(), member
+        assert not [n for n in zf.namelist()
+                    if n.startswith("pytest_rlkernel_matrix/docs/examples")]
+    # Installed from the wheel (pip --target: no checkout around it), `rlk-matrix --help` and
+    # `rlk-matrix init --help` name the shipped files, and they exist.
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",
+                              "--target", str(target), str(wheel)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    for args in (["--help"], ["init", "--help"]):
+        shown = subprocess.run([sys.executable, "-s", "-m", "pytest_rlkernel_matrix.cli", *args],
+                               capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+        assert shown.returncode == 0, shown.stderr
+        paths = re.findall(r"(?<!\S)(/\S+\.md)", shown.stdout)
+        assert len(paths) == 5, shown.stdout
+        for path in paths:
+            assert path.startswith(str(target / "pytest_rlkernel_matrix" / "docs")), path
+            assert Path(path).is_file(), path
+        assert "artifact-format.md" in shown.stdout and "en/engines.md" in shown.stdout
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta["License-File"] == "LICENSE"
     assert "pytest-rlkernel-matrix developers" in (meta["Author"] or "")
