@@ -261,3 +261,19 @@ def test_a_wrong_run_id_or_contradicting_route_line_is_not_valid(matrix_root: Pa
         "target=rollout module=attention requested=rl_kernel actual=vllm.production.attention"))
     record = analyze_run(line)
     assert record["verdict"] == "fallback", record["reasons"]
+
+
+def test_messages_count_calls_from_zero(matrix_root: Path, tmp_path: Path) -> None:
+    """The first step's sidecar is `call00000000.pt`, `call_index` 0, and messages say `call 0`
+    (docs/artifact-format.md: call counts from 0)."""
+    run = tmp_path / "call0"
+    shutil.copytree(_cell_dir(matrix_root, "attention", "R/R"), run)
+    path = run / "mismatch-sidecars" / "rank00000.call00000000.pt"
+    data = torch.load(path, weights_only=True)
+    assert data["call_index"] == 0
+    data["rollout_log_probs"][1] = data["rollout_log_probs"][1][:-1]
+    torch.save(data, path)
+    record = analyze_run(run)
+    assert record["verdict"] == "incomparable"
+    assert any("call 0, sample 1 (rank 0): lengths differ" in r for r in record["reasons"]), (
+        record["reasons"])
