@@ -415,3 +415,13 @@ def test_artifact_format_states_the_weight_versions_the_workload_writes() -> Non
     assert versions == list(range(6))
     body = " ".join(text(DOCS / "artifact-format.md").split())
     assert "`0.json` ... `5.json`" in body and "writes one version, `0`, per run" not in body
+
+
+def test_readme_lists_every_marker() -> None:
+    from pytest_rlkernel_matrix.plugin import MARKERS
+
+    readme = text(REPO / "README.md")
+    section = readme[readme.index("Markers:"):readme.index("Fixtures (")]
+    for line in MARKERS:
+        name = line.split(":")[0].split("(")[0]
+        assert f"`{name}" in section, name
