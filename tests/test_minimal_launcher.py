@@ -83,6 +83,8 @@ def _run_matrix(root: Path, shared_probe: Path) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "4 valid" in proc.stdout, proc.stdout[-3000:]
+    # RL-Kernel's version names are shown as they are (not "vweight_v000000")
+    assert "weights bitwise holds (weight_v000000..weight_v000006, 7 versions)" in proc.stdout
 
 
 def _report(root: Path) -> dict[str, Any]:

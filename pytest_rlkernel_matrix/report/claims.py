@@ -53,8 +53,11 @@ def claim_phrase(name: str, claim: Any, record: Mapping[str, Any]) -> str:
             tokens = sum(int(_num(s.get("active_tokens")) or 0) for s in series)
             detail = f"{len(series)} steps, 0 of {tokens} tokens differ"
         elif name == "weights_bitwise" and versions:
-            detail = (f"v{versions[0]}" if len(versions) == 1
-                      else f"v{versions[0]}..v{versions[-1]}, {len(versions)} versions")
+            # a bare number reads as v3; a named version (RL-Kernel's weight_v000003) as it is
+            first, last = (f"v{v}" if str(v).isdigit() else str(v)
+                           for v in (versions[0], versions[-1]))
+            detail = (first if len(versions) == 1
+                      else f"{first}..{last}, {len(versions)} versions")
         return f"{label} holds" + (f" ({detail})" if detail else "")
     if status == "fails":
         detail = detail.removeprefix("fails ")
