@@ -60,6 +60,31 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def timing_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The performance mark, apart from the verdict: of the cells whose run was judged (their
+    record has `performance_usable`), how many have timings usable for a performance statement
+    and how many were refused (noise, contamination, a route or a run that forbids timing)."""
+    judged = [r for r in records if "performance_usable" in r]
+    usable = sum(1 for r in judged if r.get("performance_usable") is True)
+    return {"usable": usable, "not_usable": len(judged) - usable}
+
+
+VERDICT_WORDS = ("error", "incomparable", "contract_mismatch", "fallback", "unsupported",
+                 "valid", "not_run")
+
+
+def counts_text(summary: Mapping[str, Any], timings: Mapping[str, Any] | None) -> str:
+    """'1 fallback, 11 valid (timings: 8 usable, 4 not usable)': the verdict (evidence) counts,
+    then the performance mark's, which a `valid` verdict does not imply."""
+    order = [v for v in VERDICT_WORDS if v in summary] + [v for v in summary
+                                                        if v not in VERDICT_WORDS]
+    text = ", ".join(f"{summary[v]} {v}" for v in order) or "no cells"
+    if timings and (timings.get("usable") or timings.get("not_usable")):
+        text += (f" (timings: {timings.get('usable', 0)} usable, "
+                 f"{timings.get('not_usable', 0)} not usable)")
+    return text
+
+
 _PACKAGE = Path(__file__).resolve().parents[1]
 # What `attribute` / `attribute_factors` compute with: a change to any of them is a new key.
 _ATTRIBUTION_SOURCES = ("report/attribution.py", "judge/stats.py", "spec/limits.py",
@@ -128,6 +153,7 @@ def build_report(
         "interrupted": interrupted,
         "expected_cells": expected_cells,
         "summary": summarize(records),
+        "timings": timing_counts(records),
         "preflight": dict(preflight or {}),
         "node_fingerprints": node_fingerprint_groups(ordered),
         "attribution": attribution,
@@ -195,3 +221,24 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in rows]
+
+
+def problem_groups(records: Sequence[Mapping[str, Any]]
+                   ) -> list[tuple[list[Mapping[str, Any]], str]]:
+    """The records that are neither `valid` nor `not_run`, grouped by what the terminal says of
+    them (verdict, failed or recorded, reasons): cells sharing a run (the R/R cells) or refused
+    for the same session-wide reasons are one group, so each reason is printed once.
+    Each group: its records (sorted) and its header, e.g.
+    ``cpu attention R/R, ffn R/R, logp R/R: error (FAILED)``."""
+    bad = sorted((r for r in records if r.get("verdict") not in ("valid", "not_run")),
+                 key=lambda r: (r["hardware"], cell_order(r)))
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in bad:
+        key = (r["hardware"], r.get("verdict"), bool(r.get("failed")),
+               tuple(str(x) for x in r.get("reasons") or []))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (hardware, verdict, failed, _), recs in groups.items():
+        names = ", ".join(f"{row_name(r)} {r['case']}" for r in recs)
+        out.append((recs, f"{hardware} {names}: {verdict} ({'FAILED' if failed else 'recorded'})"))
+    return out
