@@ -299,11 +299,17 @@ def _fmt(value: object, spec: str) -> str:
 
 
 def _ratio_cell(r: Any) -> str:
-    """'1.23 [1.10, 1.38] slower' or '1.05 [0.93, 1.21] no conclusion: noise'."""
+    """'1.23 [1.10, 1.38] slower' or '1.05 [0.93, 1.21] no conclusion: noise' (the reason the
+    attribution gives, `no_conclusion_reason`)."""
+    from pytest_rlkernel_matrix.report.attribution import no_conclusion_reason
+
+    words = r.conclusion
+    if words.startswith("no conclusion"):
+        words = no_conclusion_reason([r])
     if r.ratio is None:
-        return f"- ({r.conclusion})"
+        return f"- ({words})"
     ci = "" if r.low is None else f" [{r.low:.2f}, {r.high:.2f}]"
-    return f"{r.ratio:.2f}{ci} {r.conclusion}"
+    return f"{r.ratio:.2f}{ci} {words}"
 
 
 def markdown_table(report: dict[str, object]) -> list[str]:

@@ -257,6 +257,10 @@ def test_off_mode_runs_only_native_cells(pytester: pytest.Pytester, make_matrix,
     assert pp["verdict"] == "valid" and pp["mismatch_count"] > 0
     assert pp["contract_id"] == "vime.native.linear_logp.v1"
     assert _cell(report, "attention", "R/R")["verdict"] == "not_run"
+    # the other cells were not run: said so, not "cells ran on nodes that differ"
+    result.stdout.fnmatch_lines(["cpu attention: *; no performance conclusion (R/R is not_run; "
+                                 "P/R is not_run; R/P is not_run)"])
+    assert "nodes that differ" not in result.stdout.str()
 
 
 def test_xdist_writes_one_complete_report(pytester: pytest.Pytester, make_matrix,
