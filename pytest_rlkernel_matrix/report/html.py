@@ -269,11 +269,15 @@ def _routes(c: Mapping[str, Any]) -> View:
                 rows.append([_t(module, "b"), requested, side, _t("unreported", "no"),
                              "-", "-", "-", "-", "-"])
                 continue
-            impl = r.get("implementation")
+            impl = r.get("ran") or r.get("implementation")  # what ran (readback + route line)
             got = IMPL_LETTER.get(str(impl), "?")
             mismatch = (bool(want) and got != want) or bool(r.get("fallback"))
-            rows.append([_t(module, "b"), requested, side,
-                         _t(f"{_fmt(impl)} ({got} vs {want or '?'})", "no" if mismatch else ""),
+            said = [f"readback {r.get('implementation') or 'none'}"] + [
+                f"route line actual={a}" for a in _list(r.get("route_line"))]
+            shown = f"{_fmt(impl)} ({got} vs {want or '?'})" + (
+                f"; {', '.join(said)}" if r.get("ran") and r.get("ran") != r.get(
+                    "implementation") else "")
+            rows.append([_t(module, "b"), requested, side, _t(shown, "no" if mismatch else ""),
                          _t(_fmt(r.get("backend_ids")), "mono"), _fmt(r.get("call_count")),
                          _fmt(r.get("fallback")), _fmt(r.get("contract")),
                          _fmt(_list(r.get("runtime_platforms")) + _list(r.get("execution_modes")))])

@@ -199,6 +199,16 @@ def _route(value: Any) -> str:
     return parts.pop() if len(parts) == 1 and "" not in parts else text
 
 
+def route_shown(r: Mapping[str, Any], side: str) -> str:
+    """The route that ran on `side` (the readback and the route lines together, `record.ran`),
+    and the requested one beside it where they differ: ``production (requested rl_kernel)``."""
+    actual = _route(r.get(f"actual_{side}_implementation"))
+    wanted = r.get(f"requested_{side}_implementation")
+    if wanted is None or actual == "-" or _route(wanted) == actual:
+        return actual
+    return f"{actual} (requested {_route(wanted)})"
+
+
 def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The request's report template as a terminal table."""
     head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
@@ -207,8 +217,7 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
         rows.append((
             str(r["hardware"]), row_name(r), str(r["case"]),
-            _route(r.get("actual_training_implementation")),
-            _route(r.get("actual_rollout_implementation")),
+            route_shown(r, "training"), route_shown(r, "rollout"),
             "yes" if r.get("fallbacks") else "no",
             _fmt_d(r.get("logprob_abs_diff_max")),
             "-" if r.get("active_token_count") is None else

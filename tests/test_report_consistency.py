@@ -1,0 +1,52 @@
+"""The report says one thing in every place: the route that ran (issue 32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cellkit import CellKit
+
+from pytest_rlkernel_matrix.report.html import render_html
+from pytest_rlkernel_matrix.report.matrix_report import route_shown, table
+from pytest_rlkernel_matrix.report.record import ran
+
+SILENT = ("[RL-Kernel][route] framework=vllm target=rollout module=attention "
+          "requested=rl_kernel actual=vllm.production.attention fallback=false")
+
+
+def test_route_column_shows_the_route_line_over_the_readback(tmp_path: Path) -> None:
+    """The readback claims rl_kernel, the route line says actual=vllm.production.attention:
+    the rollout route shown is production, with the requested rl_kernel beside it, in the
+    terminal table, the record and the HTML route table."""
+    kit = CellKit(tmp_path, case="R/R", mode="audit").write()
+    kit.log(SILENT)
+    rec = kit.analyze()
+    assert rec["verdict"] != "valid"  # the fallback is judged as before
+    side = rec["routes"]["attention"]["rollout"]
+    assert side["implementation"] == "rl_kernel" and side["ran"] == "production"
+    assert side["route_line"] == ["vllm.production.attention"]
+    assert rec["actual_rollout_implementation"] == "production"
+    assert rec["requested_rollout_implementation"] == "rl_kernel"
+    assert route_shown(rec, "rollout") == "production (requested rl_kernel)"
+    assert route_shown(rec, "training") == "rl_kernel"
+    _head, row = table([rec])
+    assert "production (requested rl_kernel)" in row and row.index("rl_kernel") < row.index(
+        "production")
+    page = render_html({"cells": [rec]})
+    assert ("production (P vs R); readback rl_kernel, route line "
+            "actual=vllm.production.attention") in page
+
+
+def test_a_clean_cell_shows_its_route_once(tmp_path: Path) -> None:
+    rec = CellKit(tmp_path, case="P/R", mode="audit").write().analyze()
+    assert rec["verdict"] == "valid", rec["reasons"]
+    assert (route_shown(rec, "training"), route_shown(rec, "rollout")) == ("production",
+                                                                          "rl_kernel")
+    assert "requested" not in table([rec])[1]
+
+
+def test_ran_prefers_the_source_that_contradicts_the_request() -> None:
+    assert ran("rl_kernel", ["rl_kernel", "production"]) == "production"
+    assert ran("production", ["production", "rl_kernel"]) == "rl_kernel"
+    assert ran("rl_kernel", ["rl_kernel", "rl_kernel"]) == "rl_kernel"
+    assert ran("rl_kernel", [None]) is None and ran("rl_kernel", ["mixed", "x"]) == "mixed"
