@@ -50,3 +50,28 @@ def test_ran_prefers_the_source_that_contradicts_the_request() -> None:
     assert ran("production", ["production", "rl_kernel"]) == "rl_kernel"
     assert ran("rl_kernel", ["rl_kernel", "rl_kernel"]) == "rl_kernel"
     assert ran("rl_kernel", [None]) is None and ran("rl_kernel", ["mixed", "x"]) == "mixed"
+
+
+def test_report_command_on_a_first_run_and_a_relative_root(tmp_path: Path) -> None:
+    """`rlk-matrix report <relative root>` with no cache yet: one count line for the cells read
+    without a cache entry (not one per cell), and `matrix_root` stays absolute."""
+    import json
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    for module, case in (("attention", "R/R"), ("attention", "P/R"), ("ffn", "R/P")):
+        CellKit(root, module=module, case=case).write()
+    cmd = [sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report", "root", "--jobs", "1"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=True)
+    cache_lines = [x for x in done.stderr.splitlines() if x.startswith("cache:")]
+    assert cache_lines == [
+        "cache: 3 of 3 run directories not cached yet (no cache entry, as on a first report): "
+        "read", "cache: 0 of 3 run directories unchanged (reused), 3 read"], done.stderr
+    report = json.loads((root / "matrix-report.json").read_text())
+    assert report["matrix_root"] == str(root) and Path(report["matrix_root"]).is_absolute()
+    assert report["timings"] == {"usable": 0, "not_usable": 3}  # one step each: too few
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert [x for x in again.stderr.splitlines() if x.startswith("cache:")] == [
+        "cache: 3 of 3 run directories unchanged (reused), 0 read"]
+    assert json.loads((root / "matrix-report.json").read_text())["matrix_root"] == str(root)
