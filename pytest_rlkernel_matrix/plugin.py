@@ -530,9 +530,9 @@ class MatrixHooks:
 
         for line in claim_lines(ms.records.values()):
             tr.write_line(line)
-        for recs, head in problem_groups(records):  # cells with the same reasons: once
+        for recs, head, reasons in problem_groups(records):  # each reason once per group
             tr.write_line(head)
-            for reason in recs[0].get("reasons", [])[:6]:
+            for reason in reasons:
                 tr.write_line(f"    {reason}")
             for log in dict.fromkeys(failed_run_log(ms.root, rec) for rec in recs):
                 if log is not None:

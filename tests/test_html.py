@@ -200,6 +200,40 @@ def test_not_judged_reasons_are_visible_without_expanding() -> None:
     assert f"fallback recorded: {XSS}" in visible  # a non-valid cell's reason, too
 
 
+def test_verdict_and_timings_are_separate_marks_counted_in_the_header() -> None:
+    """A valid cell whose timings were refused: a green `valid` badge and its own `timings not
+    usable` mark (no red "performance invalid" beside the badge), both counted in the header;
+    the legend says the badge is the evidence verdict."""
+    report = sample_report()
+    refused = report["cells"][0]
+    refused["performance_usable"] = False
+    refused["validity"]["performance"] = {"valid": False, "reasons": ["noise: 2 measured steps"]}
+    report["cells"][1]["performance_usable"] = False  # the fallback cell
+    report["cells"][3]["performance_usable"] = True
+    page = parse(render_html(report, PREFLIGHT))
+    visible = page.visible_text()
+    assert "timings (apart from the verdict): 1 usable 2 not usable" in visible, visible[:600]
+    assert "every evidence judgement that applies passed" in visible
+    text = render_html(report, PREFLIGHT)
+    first = text[text.index('data-verdict="valid"'):]
+    first = first[:first.index("</td>")]
+    assert "timings not usable" in first and "performance invalid" not in first
+    assert "noise: 2 measured steps" in visible  # the reason, below the matrix
+    assert "timings not usable noise: 2 measured steps" in visible
+
+
+def test_a_reason_is_listed_once_under_every_label_it_carries() -> None:
+    """A fallback's reason is both the verdict's and the route judgement's: one row."""
+    report = sample_report()
+    cell = report["cells"][1]
+    why = "attention rollout: run.log route line says actual=vllm.production.attention"
+    cell["reasons"] = [why]
+    cell["validity"]["route"] = {"valid": False, "reasons": [why]}
+    visible = parse(render_html(report, PREFLIGHT)).visible_text()
+    assert visible.count(why) == 1, visible
+    assert f"not valid, route invalid {why}" in visible
+
+
 def test_mismatch_kl_is_labelled_by_estimator() -> None:
     report = sample_report()
     report["cells"][1].update(mismatch_kl=2.067e-05, mismatch_k3_kl=1.408e-05)

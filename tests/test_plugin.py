@@ -443,6 +443,10 @@ def test_strict_fails_fast_when_preflight_finds_no_r_backend(
     assert (cell_dir / "matrix-case.env").exists()
     assert json.loads((cell_dir / "capability-decision.json").read_text())["blockers"]
     assert not (cell_dir / "run.log").exists()  # the job never started
+    # cells refused for the same reasons are one group: every reason printed once
+    summary = result.stdout.str().split("= rlk matrix =", 1)[1].split("matrix report:", 1)[0]
+    reasons = [line for line in summary.splitlines() if line.startswith("    ")]
+    assert reasons and len(reasons) == len(set(reasons)), summary
     # attention P/P still needs R for ffn and logp (fixed at R/R): refused too
     assert _cell(report, "attention", "P/P")["verdict"] == "unsupported"
     # off mode needs no RL-Kernel at all: the native baseline runs (the sessions below take the

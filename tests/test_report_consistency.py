@@ -75,3 +75,29 @@ def test_report_command_on_a_first_run_and_a_relative_root(tmp_path: Path) -> No
     assert [x for x in again.stderr.splitlines() if x.startswith("cache:")] == [
         "cache: 3 of 3 run directories unchanged (reused), 0 read"]
     assert json.loads((root / "matrix-report.json").read_text())["matrix_root"] == str(root)
+
+
+def test_shared_reasons_are_grouped_once() -> None:
+    """A strict session whose cells do not start: every cell has (some of) the same blockers;
+    one group per verdict, every reason once, a reason of only some cells naming them."""
+    from pytest_rlkernel_matrix.report.matrix_report import problem_groups
+
+    blockers = ["r_backend.attention unavailable", "r_backend.ffn unavailable",
+                "r_backend.logp unavailable"]
+    recs = [{"hardware": "cpu", "module": m, "case": c, "verdict": "unsupported",
+             "failed": True, "reasons": list(blockers)}
+            for m in ("attention", "ffn", "logp") for c in ("R/R", "P/R")]
+    recs.append({"hardware": "cpu", "module": "logp", "case": "P/P", "verdict": "valid",
+                 "failed": False, "reasons": []})
+    ((group, head, lines),) = problem_groups(recs)
+    assert head == ("cpu attention R/R, attention P/R, ffn R/R, ffn P/R, logp R/R, logp P/R: "
+                    "unsupported (FAILED)")
+    assert lines == blockers and len(group) == 6
+    recs[1]["reasons"] = blockers[1:]
+    ((_, _, lines),) = problem_groups(recs)
+    assert lines == [f"{blockers[0]} [attention R/R, ffn R/R, ffn P/R, logp R/R, logp P/R]",
+                     *blockers[1:]]
+    recs[0]["failed"] = False
+    assert [h for _, h, _ in problem_groups(recs)] == [
+        "cpu attention R/R: unsupported (recorded)",
+        "cpu attention P/R, ffn R/R, ffn P/R, logp R/R, logp P/R: unsupported (FAILED)"]

@@ -128,10 +128,17 @@ def no_conclusion_reason(ratios: Sequence[Ratio]) -> str:
 
 
 def absent_cells(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """'R/R is not_run', ... for each cell without a judged run (not run, or an error before
-    any judgement: no `performance_usable`), hence with no timings and no fingerprints."""
-    return [f"{case} is {cells[case].get('verdict')}" for case in CELLS
-            if cells[case].get("verdict") == "not_run" or "performance_usable" not in cells[case]]
+    """'R/R is not_run', ... for each cell without a judged run (not run, an error before any
+    judgement: no `performance_usable`, or not started: strict refused it before launch),
+    hence with no timings and no fingerprints."""
+    out = []
+    for case in CELLS:
+        c = cells[case]
+        if c.get("verdict") == "not_run" or "performance_usable" not in c:
+            out.append(f"{case} is {c.get('verdict')}")
+        elif "exit_code" in c and c["exit_code"] is None and not c.get("timed_out"):
+            out.append(f"{case} is {c.get('verdict')}, not started")
+    return out
 
 
 # (side, case with P on that side, the phase that side runs)

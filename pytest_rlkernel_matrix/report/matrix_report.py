@@ -60,11 +60,18 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def started(record: Mapping[str, Any]) -> bool:
+    """False for a record whose run never started (strict refused it before launch: no exit
+    code, no timeout); records without the key (summaries, tests) count as started."""
+    return not ("exit_code" in record and record["exit_code"] is None
+                and not record.get("timed_out"))
+
+
 def timing_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """The performance mark, apart from the verdict: of the cells whose run was judged (their
     record has `performance_usable`), how many have timings usable for a performance statement
     and how many were refused (noise, contamination, a route or a run that forbids timing)."""
-    judged = [r for r in records if "performance_usable" in r]
+    judged = [r for r in records if "performance_usable" in r and started(r)]
     usable = sum(1 for r in judged if r.get("performance_usable") is True)
     return {"usable": usable, "not_usable": len(judged) - usable}
 
@@ -232,22 +239,31 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
             for row in rows]
 
 
-def problem_groups(records: Sequence[Mapping[str, Any]]
-                   ) -> list[tuple[list[Mapping[str, Any]], str]]:
-    """The records that are neither `valid` nor `not_run`, grouped by what the terminal says of
-    them (verdict, failed or recorded, reasons): cells sharing a run (the R/R cells) or refused
-    for the same session-wide reasons are one group, so each reason is printed once.
-    Each group: its records (sorted) and its header, e.g.
-    ``cpu attention R/R, ffn R/R, logp R/R: error (FAILED)``."""
+def problem_groups(records: Sequence[Mapping[str, Any]], limit: int = 12
+                   ) -> list[tuple[list[Mapping[str, Any]], str, list[str]]]:
+    """The records that are neither `valid` nor `not_run`, one group per (hardware, verdict,
+    failed or recorded), with each reason once: cells sharing a run (the R/R cells) or refused
+    for the same session-wide reasons do not repeat them. A reason that applies to only some of
+    the group's cells names them. Each group: its records, its header (e.g. ``cpu attention
+    R/R, ffn R/R, logp R/R: error (FAILED)``) and its reason lines (at most `limit`)."""
     bad = sorted((r for r in records if r.get("verdict") not in ("valid", "not_run")),
                  key=lambda r: (r["hardware"], cell_order(r)))
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for r in bad:
-        key = (r["hardware"], r.get("verdict"), bool(r.get("failed")),
-               tuple(str(x) for x in r.get("reasons") or []))
-        groups.setdefault(key, []).append(r)
+        groups.setdefault((r["hardware"], r.get("verdict"), bool(r.get("failed"))), []).append(r)
     out = []
-    for (hardware, verdict, failed, _), recs in groups.items():
-        names = ", ".join(f"{row_name(r)} {r['case']}" for r in recs)
-        out.append((recs, f"{hardware} {names}: {verdict} ({'FAILED' if failed else 'recorded'})"))
+    for (hardware, verdict, failed), recs in groups.items():
+        names = [f"{row_name(r)} {r['case']}" for r in recs]
+        where: dict[str, list[str]] = {}
+        for name, r in zip(names, recs, strict=True):
+            for reason in r.get("reasons") or []:
+                where.setdefault(str(reason), [])
+                if name not in where[str(reason)]:
+                    where[str(reason)].append(name)
+        lines = [reason if len(cells) == len(names) else f"{reason} [{', '.join(cells)}]"
+                 for reason, cells in where.items()]
+        if len(lines) > limit:
+            lines = [*lines[:limit], f"... {len(lines) - limit} more in matrix-report.json"]
+        head = f"{hardware} {', '.join(names)}: {verdict} ({'FAILED' if failed else 'recorded'})"
+        out.append((recs, head, lines))
     return out
