@@ -173,17 +173,15 @@ def preflight_summary(data: dict[str, object], target: Path, matrix_path: Path |
     return lines
 
 
-VERDICT_WORDS = ("error", "incomparable", "contract_mismatch", "fallback", "unsupported",
-                 "valid", "not_run")
-
-
 def summary_line(report: dict[str, object], path: Path) -> str:
-    """One line like pytest's: counts per verdict, cells, completeness, where the report is."""
+    """One line like pytest's: counts per verdict and the timings mark, cells, completeness,
+    where the report is."""
+    from pytest_rlkernel_matrix.report.matrix_report import counts_text
+
     summary = report.get("summary") or {}
+    timings = report.get("timings")
     assert isinstance(summary, dict)
-    order = [v for v in VERDICT_WORDS if v in summary] + [v for v in summary
-                                                        if v not in VERDICT_WORDS]
-    counts = ", ".join(f"{summary[v]} {v}" for v in order) or "no cells"
+    counts = counts_text(summary, timings if isinstance(timings, dict) else None)
     cells = report.get("cells") or []
     expected = report.get("expected_cells")
     state = ("interrupted" if report.get("interrupted")
@@ -301,11 +299,17 @@ def _fmt(value: object, spec: str) -> str:
 
 
 def _ratio_cell(r: Any) -> str:
-    """'1.23 [1.10, 1.38] slower' or '1.05 [0.93, 1.21] no conclusion: noise'."""
+    """'1.23 [1.10, 1.38] slower' or '1.05 [0.93, 1.21] no conclusion: noise' (the reason the
+    attribution gives, `no_conclusion_reason`)."""
+    from pytest_rlkernel_matrix.report.attribution import no_conclusion_reason
+
+    words = r.conclusion
+    if words.startswith("no conclusion"):
+        words = no_conclusion_reason([r])
     if r.ratio is None:
-        return f"- ({r.conclusion})"
+        return f"- ({words})"
     ci = "" if r.low is None else f" [{r.low:.2f}, {r.high:.2f}]"
-    return f"{r.ratio:.2f}{ci} {r.conclusion}"
+    return f"{r.ratio:.2f}{ci} {words}"
 
 
 def markdown_table(report: dict[str, object]) -> list[str]:

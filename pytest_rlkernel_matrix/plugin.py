@@ -502,37 +502,48 @@ class MatrixHooks:
         verdict = getattr(report, "rlk_verdict", None)
         if verdict is None or report.when != "call" or verdict == "not_run":
             return None
+        # The category is pytest's own outcome (what the final line, pytest-json-report's
+        # `outcome` and `summary`, and every consumer of the stats count): a cell that fails
+        # the session is `failed`, one that does not is `passed`. The verdict stays visible as
+        # the letter and the verbose word (and in the user properties and the json metadata).
         letter = LETTERS.get(verdict, "?")
         if report.failed:
             markup = {"red": True}
         else:
             markup = {"green": True} if verdict == "valid" else {"yellow": True}
-        return verdict, letter.upper() if report.failed else letter, (verdict.upper(), markup)
+        category = "failed" if report.failed else "passed"
+        return category, letter.upper() if report.failed else letter, (verdict.upper(), markup)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         ms = self.session
         if ms.plan or self.is_worker or not ms.records:
             return
         tr = terminalreporter
-        from pytest_rlkernel_matrix.report.matrix_report import row_name, table
+        from pytest_rlkernel_matrix.report.matrix_report import (
+            counts_text,
+            problem_groups,
+            summarize,
+            table,
+            timing_counts,
+        )
+
+        records = list(ms.records.values())
 
         tr.section("rlk matrix")
         for line in table(list(ms.records.values())):
             tr.write_line(line)
+        tr.write_line(f"verdicts: {counts_text(summarize(records), timing_counts(records))}")
         from pytest_rlkernel_matrix.report.claims import claim_lines
 
         for line in claim_lines(ms.records.values()):
             tr.write_line(line)
-        bad = [r for r in ms.records.values() if r["verdict"] not in ("valid", "not_run")]
-        for rec in sorted(bad, key=lambda r: (r["hardware"], r["module"], r["case"])):
-            state = "FAILED" if rec.get("failed") else "recorded"
-            tr.write_line(f"{rec['hardware']} {row_name(rec)} {rec['case']}: {rec['verdict']} "
-                          f"({state})")
-            for reason in rec.get("reasons", [])[:6]:
+        for recs, head, reasons in problem_groups(records):  # each reason once per group
+            tr.write_line(head)
+            for reason in reasons:
                 tr.write_line(f"    {reason}")
-            log = failed_run_log(ms.root, rec)
-            if log is not None:
-                tr.write_line(f"    run.log: {log}")
+            for log in dict.fromkeys(failed_run_log(ms.root, rec) for rec in recs):
+                if log is not None:
+                    tr.write_line(f"    run.log: {log}")
         from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
 
         for entry in [*attribute(list(ms.records.values())),
@@ -607,7 +618,8 @@ class MatrixHooks:
                 longrepr="\n".join(lines) if failed else None, when="call")
             report.rlk_verdict = rec["verdict"]  # type: ignore[attr-defined]
             verdict = str(rec["verdict"])
-            self._count("skipped" if verdict == "not_run" else verdict, [report])
+            self._count("skipped" if verdict == "not_run" else "failed" if failed else "passed",
+                        [report])
 
 
 # -- fixtures -------------------------------------------------------------------------------------

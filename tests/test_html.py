@@ -200,6 +200,40 @@ def test_not_judged_reasons_are_visible_without_expanding() -> None:
     assert f"fallback recorded: {XSS}" in visible  # a non-valid cell's reason, too
 
 
+def test_verdict_and_timings_are_separate_marks_counted_in_the_header() -> None:
+    """A valid cell whose timings were refused: a green `valid` badge and its own `timings not
+    usable` mark (no red "performance invalid" beside the badge), both counted in the header;
+    the legend says the badge is the evidence verdict."""
+    report = sample_report()
+    refused = report["cells"][0]
+    refused["performance_usable"] = False
+    refused["validity"]["performance"] = {"valid": False, "reasons": ["noise: 2 measured steps"]}
+    report["cells"][1]["performance_usable"] = False  # the fallback cell
+    report["cells"][3]["performance_usable"] = True
+    page = parse(render_html(report, PREFLIGHT))
+    visible = page.visible_text()
+    assert "timings (apart from the verdict): 1 usable 2 not usable" in visible, visible[:600]
+    assert "every evidence judgement that applies passed" in visible
+    text = render_html(report, PREFLIGHT)
+    first = text[text.index('data-verdict="valid"'):]
+    first = first[:first.index("</td>")]
+    assert "timings not usable" in first and "performance invalid" not in first
+    assert "noise: 2 measured steps" in visible  # the reason, below the matrix
+    assert "timings not usable noise: 2 measured steps" in visible
+
+
+def test_a_reason_is_listed_once_under_every_label_it_carries() -> None:
+    """A fallback's reason is both the verdict's and the route judgement's: one row."""
+    report = sample_report()
+    cell = report["cells"][1]
+    why = "attention rollout: run.log route line says actual=vllm.production.attention"
+    cell["reasons"] = [why]
+    cell["validity"]["route"] = {"valid": False, "reasons": [why]}
+    visible = parse(render_html(report, PREFLIGHT)).visible_text()
+    assert visible.count(why) == 1, visible
+    assert f"not valid, route invalid {why}" in visible
+
+
 def test_mismatch_kl_is_labelled_by_estimator() -> None:
     report = sample_report()
     report["cells"][1].update(mismatch_kl=2.067e-05, mismatch_k3_kl=1.408e-05)
@@ -369,3 +403,67 @@ def test_template_bytecode_cache_gives_the_same_page(tmp_path: Path,
     monkeypatch.setattr(tempfile, "tempdir", str(blocked))
     assert html_module._bytecode_cache() is None
     assert render_html(report, PREFLIGHT) == first
+
+
+# A script appended to a copy of the page: it measures the layout as the browser laid it out and
+# writes the figures into the DOM, which --dump-dom then returns.
+MEASURE = """<script>(function(){var v=window.innerWidth;
+var heads=[].slice.call(document.querySelectorAll('table.matrix tr:first-child th'));
+var cells=[].slice.call(document.querySelectorAll('table.matrix td.mcell'));
+var out={viewport:v,page:document.documentElement.scrollWidth,
+cols:heads.map(function(h){return [h.textContent,h.getBoundingClientRect().right];}),
+cells:Math.max.apply(null,cells.map(function(c){return c.getBoundingClientRect().right;})),
+legend:document.getElementById('legend').textContent};
+var pre=document.createElement('pre');pre.id='rlk-measure';pre.textContent=JSON.stringify(out);
+document.body.appendChild(pre);})();</script>"""
+
+
+def _layout(html: Path, width: int, tmp: Path) -> dict[str, Any]:
+    probe = tmp / f"measure-{width}.html"
+    probe.write_text(html.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"),
+                     encoding="utf-8")
+    out = _chromium(f"--window-size={width},1000", "--hide-scrollbars", "--dump-dom",
+                    probe.as_uri(), tmp=tmp).stdout
+    text = out.split('<pre id="rlk-measure">', 1)[1].split("</pre>", 1)[0]
+    import html as html_lib
+
+    return json.loads(html_lib.unescape(text))
+
+
+def _wide_report() -> dict[str, Any]:
+    """The twelve cells of a pairwise run with the longest marks a cell shows: drift figures,
+    timings refused, judgements not passed, a shared run and a failed item."""
+    cells = []
+    for module in ("attention", "ffn", "logp"):
+        for case in ("R/R", "P/R", "R/P", "P/P"):
+            extra: dict[str, Any] = {"performance_usable": case != "P/P",
+                                     "logprob_abs_diff_max": 0.0 if case == "R/R" else 2.05e-2,
+                                     "mismatch_count": 0 if case == "R/R" else 1858,
+                                     "active_token_count": 1858}
+            if case == "R/R":
+                extra["shared_with"] = ["ffn R/R", "logp R/R"]
+            if case == "P/P":
+                extra["validity"] = {"performance": {"valid": False, "reasons": ["noise"]},
+                                     "numeric": {"valid": None, "reasons": ["no contract"]}}
+            cells.append(_cell(module, case, "contract_mismatch" if case == "R/P" else "valid",
+                               failed=case == "R/P", **extra))
+    report = sample_report()
+    report.update(cells=cells, expected_cells=12, summary={"valid": 9, "contract_mismatch": 3})
+    report["matrix"]["modules"] = ["attention", "ffn", "logp"]
+    return report
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [900, 1400, 1920])
+def test_matrix_fits_the_window_at_every_width(tmp_path: Path, width: int) -> None:
+    """At 900, 1400 and 1920 px the whole matrix, P/P column included, lies inside the window
+    (no horizontal overflow of the page), and the legend names every mark a cell shows."""
+    html = write_html(_wide_report(), tmp_path / HTML_FILE, PREFLIGHT)
+    m = _layout(html, width, tmp_path)
+    assert m["viewport"] == width
+    assert [c[0] for c in m["cols"]][-4:] == ["R/R", "P/R", "R/P", "P/P"]
+    assert m["cols"][-1][1] <= width, m  # the P/P column's right edge is on screen
+    assert m["cells"] <= width, m
+    assert m["page"] <= width, m  # nothing else widens the page past the window
+    for mark in ("shared", "FAILED", "timings usable", "timings not usable"):
+        assert mark in m["legend"], mark

@@ -34,7 +34,7 @@ def test_pytest_html_verdict_columns(pytester: pytest.Pytester, make_matrix,
     result = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'root'}", "-k",
                                 "(attention and P/R) or plain", "--html=report.html",
                                 "--self-contained-html")
-    assert _outcomes(result) == {"passed": 1, "fallback": 1}
+    assert _outcomes(result) == {"passed": 2}
     text = (pytester.path / "report.html").read_text(encoding="utf-8")
     assert ">Verdict</th>" in text and ">max |dlogp|</th>" in text
     assert "RL-Kernel matrix verdicts: 1 fallback" in text
@@ -62,7 +62,7 @@ def test_json_report_metadata(pytester: pytest.Pytester, make_matrix, tmp_path: 
     result = pytester.runpytest(f"--rlk-matrix-root={root}", "-k",
                                 "(attention and P/R) or plain", "--json-report",
                                 "--json-report-file=x.json")
-    assert _outcomes(result) == {"passed": 1, "fallback": 1}
+    assert _outcomes(result) == {"passed": 2}
     data = json.loads((pytester.path / "x.json").read_text())
     tests = {t["nodeid"]: t for t in data["tests"]}
     (cell,) = [t for k, t in tests.items() if "attention[P/R]" in k]
@@ -78,6 +78,51 @@ def test_json_report_metadata(pytester: pytest.Pytester, make_matrix, tmp_path: 
     assert data["rlk_matrix"]["summary"] == {"fallback": 1}
     assert Path(data["rlk_matrix"]["report"]) == root / "matrix-report.json"
     assert (root / "matrix-report.json").is_file()
+
+
+def test_ci_reports_count_failed_cells_as_failed(pytester: pytest.Pytester, make_matrix,
+                                                 tmp_path: Path) -> None:
+    """A cell that fails the session (strict: a fallback) is `failed` for every consumer: the
+    final line, pytest-json-report's `outcome` and `summary`, junit; one that does not fail it
+    is `passed`. The verdict stays visible: the verbose word, the json metadata, the junit
+    properties."""
+    import xml.etree.ElementTree as ET
+
+    make_matrix(env=FALLBACK, modules='["attention", "ffn"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest("--rlk-mode=strict", f"--rlk-matrix-root={root}", "-v", "-k",
+                                "attention and (R/R or P/R)", "--json-report",
+                                "--json-report-file=x.json", "--junitxml=j.xml")
+    assert result.ret == 1
+    assert _outcomes(result) == {"passed": 1, "failed": 1}
+    result.stdout.fnmatch_lines(["*attention?R/R?*VALID*", "*attention?P/R?*FALLBACK*",
+                                 "verdicts: 1 fallback, 1 valid*"])
+    data = json.loads((pytester.path / "x.json").read_text())
+    assert data["summary"]["failed"] == 1 and data["summary"]["passed"] == 1, data["summary"]
+    assert set(data["summary"]) <= {"failed", "passed", "total", "collected", "deselected"}
+    by_verdict = {t["metadata"]["rlk"]["verdict"]: t for t in data["tests"]}
+    assert by_verdict["fallback"]["outcome"] == "failed"
+    assert by_verdict["fallback"]["metadata"]["rlk"]["failed"] is True
+    assert by_verdict["valid"]["outcome"] == "passed"
+    assert data["rlk_matrix"]["summary"] == {"fallback": 1, "valid": 1}
+    suite = ET.parse(pytester.path / "j.xml").getroot().find("testsuite")
+    assert suite is not None and (suite.get("failures"), suite.get("errors")) == ("1", "0")
+    props = {}
+    for case in suite.iter("testcase"):
+        prop = {p.get("name"): p.get("value") for p in case.iter("property")}
+        props[prop["rlk_verdict"]] = case.find("failure") is not None
+    assert props == {"fallback": True, "valid": False}
+    # audit mode: the same fallback does not fail the session, so it is `passed` everywhere
+    audit = pytester.runpytest("--rlk-mode=audit", f"--rlk-matrix-root={tmp_path / 'r2'}",
+                               "-k", "attention and P/R", "--json-report",
+                               "--json-report-file=y.json", "--junitxml=k.xml")
+    assert audit.ret == 0 and _outcomes(audit) == {"passed": 1}
+    data = json.loads((pytester.path / "y.json").read_text())
+    assert data["summary"]["passed"] == 1 and "failed" not in data["summary"]
+    assert data["tests"][0]["outcome"] == "passed"
+    assert data["tests"][0]["metadata"]["rlk"]["verdict"] == "fallback"
+    suite = ET.parse(pytester.path / "k.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "0"
 
 
 def test_integrations_under_xdist(pytester: pytest.Pytester, make_matrix,

@@ -22,7 +22,12 @@ from pytest_rlkernel_matrix.judge.stats import (
     compare_processes,
     summary,
 )
-from pytest_rlkernel_matrix.report.attribution import attribute, timing_ratio
+from pytest_rlkernel_matrix.report.attribution import (
+    UNUSABLE,
+    attribute,
+    no_conclusion_reason,
+    timing_ratio,
+)
 from pytest_rlkernel_matrix.report.html import render_html
 from pytest_rlkernel_matrix.run.contamination import (
     judge,
@@ -166,9 +171,11 @@ def test_attribution_states_only_what_the_interval_supports() -> None:
     cells[1] = _record("P/R", FAST, usable=False, processes=PROCS)
     entry = attribute(cells)[0]
     assert "R on the" not in entry["conclusion"]
-    assert "no conclusion: noise or contamination (P/R timings not usable" in entry["conclusion"]
+    assert ("no conclusion: timings not usable (P/R timings not usable: contaminated: test"
+            in entry["conclusion"])
     r = timing_ratio(cells[0], cells[1], "step_wall_time", "step", Policy())
-    assert r.conclusion == NOISE and r.reasons[-1].startswith("denominator P/R timings not usable")
+    assert r.conclusion == UNUSABLE
+    assert r.reasons[-1].startswith("denominator P/R timings not usable")
 
 
 def test_single_process_cells_give_no_performance_statement() -> None:
@@ -229,6 +236,57 @@ def test_table_and_terminal_give_one_ratio_in_one_direction() -> None:
     row = next(line for line in markdown_table({"cells": single}) if "| P/R |" in line)
     assert row.endswith(f"| 2.02 {ONE_PROCESS} |"), row
     assert "step time R/R / P/R 2.02, n=5/5" in attribute(single)[0]["conclusion"]
+
+
+def test_one_reason_for_no_conclusion_in_terminal_html_and_table() -> None:
+    """One process per cell and P/P's timings refused: the module's line, the HTML and every
+    row of `rlk-matrix table` give their reason from `no_conclusion_reason`, in one order
+    (timings not usable, then one process per cell, then noise)."""
+    cells = [_record("R/R", SLOW), _record("P/R", FAST), _record("R/P", SLOW),
+             _record("P/P", FAST, usable=False)]
+    entry = attribute(cells)[0]
+    text = entry["conclusion"]
+    # the side ratios use R/R, P/R and R/P: their reason; P/P's refusal is said beside it
+    assert f"; {ONE_PROCESS} (step time R/R / P/R 2.02" in text, text
+    assert "P/P timings not usable (contaminated: test)" in text, text
+    assert "noise or contamination" not in text
+    rows = {line.split(" | ")[2]: line for line in markdown_table({"cells": cells})
+            if line.startswith("| cpu | attention |")}
+    assert rows["P/R"].endswith(f"| 2.02 {ONE_PROCESS} |"), rows["P/R"]
+    assert rows["R/P"].endswith(f"| 1.00 {ONE_PROCESS} |"), rows["R/P"]
+    assert rows["P/P"].endswith(f"| 2.02 {UNUSABLE} |"), rows["P/P"]  # not "one process"
+    assert "P/P timings not usable" in render_html({"attribution": [entry], "cells": cells})
+    # P/R refused too: then every place leads with that reason
+    cells[1] = _record("P/R", FAST, usable=False)
+    entry = attribute(cells)[0]
+    assert f"; {UNUSABLE} (P/R timings not usable: contaminated: test" in entry["conclusion"]
+    row = next(line for line in markdown_table({"cells": cells}) if "| P/R |" in line)
+    assert row.endswith(f"| 2.02 {UNUSABLE} |"), row
+    ratios = [timing_ratio(cells[0], c, "step_wall_time", "", Policy()) for c in cells[1:]]
+    assert [no_conclusion_reason([r]) for r in ratios] == [UNUSABLE, ONE_PROCESS, UNUSABLE]
+    assert no_conclusion_reason(ratios) == UNUSABLE
+
+
+def test_equal_effects_and_cells_not_run_are_said_as_they_are() -> None:
+    cells = [_record("R/R", SLOW), _record("P/R", FAST), _record("R/P", SLOW),
+             _record("P/P", FAST)]
+    for c, (m, mean) in zip(cells, [(0, 0.0), (5, 8.174337300599791e-4),
+                                    (5, 8.174337300599791e-4), (7, 1e-3)], strict=True):
+        c.update(mismatch_count=m, logprob_abs_diff_mean=mean)
+    text = attribute(cells)[0]["conclusion"]
+    assert "training P 8.17e-04, rollout P 8.17e-04; equal on both sides)" in text, text
+    assert "larger on the" not in text
+    cells[2]["logprob_abs_diff_mean"] = 9e-4
+    assert "larger on the rollout side" in attribute(cells)[0]["conclusion"]
+    # --rlk-mode=off: only P/P ran; the others are not_run records (no run, no fingerprint)
+    off = [{"hardware": "cpu", "module": "attention", "case": c, "verdict": "not_run",
+            "artifact_dir": None} for c in ("R/R", "P/R", "R/P")]
+    pp = _record("P/P", FAST)
+    pp.update(hardware_fingerprint="hw0", build_fingerprint="b0", artifact_dir="cpu/a-pp")
+    entry = attribute([*off, pp])[0]
+    assert entry["conclusion"].endswith(
+        "no performance conclusion (R/R is not_run; P/R is not_run; R/P is not_run)"), entry
+    assert "nodes" not in entry["conclusion"] and "fingerprint" not in " ".join(entry["refused"])
 
 
 def test_phase_bars_have_whiskers_and_step_counts() -> None:
@@ -306,7 +364,9 @@ def test_noisy_steps_give_no_conclusion(pytester: pytest.Pytester,
                    for r in _perf_reasons(cell)), _perf_reasons(cell)
         assert cell["verdict"] in ("valid", "contract_mismatch")  # drift judged as before
     conclusion = report["attribution"][0]["conclusion"]
-    assert "no conclusion: noise" in conclusion
+    # the cells' timings were refused for their noise: that is the reason given
+    assert "no conclusion: timings not usable (R/R timings not usable: noise: step time " \
+        "spread" in conclusion, conclusion
     assert "slower" not in conclusion and "faster" not in conclusion
 
 

@@ -182,7 +182,7 @@ def test_full_pairwise_run_report_and_dedup(pytester: pytest.Pytester, make_matr
     root = tmp_path / "root"
     result = pytester.runpytest(f"--rlk-matrix-root={root}", "-p", "no:randomly")
     assert result.ret == 0
-    assert _outcomes(result) == {"valid": 12}
+    assert _outcomes(result) == {"passed": 12}
     report = _report(root)
     assert report["complete"] is True and report["summary"] == {"valid": 12}
     assert report["schema_version"] == "rlk-matrix.report.v1"
@@ -245,7 +245,7 @@ def test_planted_faults_get_their_verdict(
     assert cell["verdict"] == verdict, cell["reasons"]
     if reason:
         assert any(reason in r for r in cell["reasons"]), cell["reasons"]
-    assert _outcomes(result) == {verdict: 1}
+    assert _outcomes(result) == {"failed" if verdict in ("error", "incomparable") else "passed": 1}
     # audit mode fails only error/incomparable
     assert (result.ret != 0) == (verdict in ("error", "incomparable"))
 
@@ -269,13 +269,13 @@ def test_strict_baseline_gate(pytester: pytest.Pytester, make_matrix, tmp_path: 
     make_matrix()
     ok = pytester.runpytest("--rlk-mode=strict", "-m", "rlk_baseline",
                             f"--rlk-matrix-root={tmp_path / 'a'}")
-    assert ok.ret == 0 and _outcomes(ok) == {"valid": 3}
+    assert ok.ret == 0 and _outcomes(ok) == {"passed": 3}
     make_matrix(env={"FAKE_SCENARIO": "silent_fallback"})
     bad = pytester.runpytest("--rlk-mode=strict", "-m", "rlk_baseline",
                              f"--rlk-matrix-root={tmp_path / 'b'}")
     assert bad.ret == 1
-    assert _outcomes(bad)["contract_mismatch"] == 3
-    bad.stdout.fnmatch_lines(["cpu attention R/R: contract_mismatch (FAILED)",
+    assert _outcomes(bad)["failed"] == 3
+    bad.stdout.fnmatch_lines(["cpu attention R/R, ffn R/R, logp R/R: contract_mismatch (FAILED)",
                               "    bitwise contract violated: 140 of 140 active tokens differ*"])
     # the same fault in audit mode is recorded but does not fail the session
     audit = pytester.runpytest("--rlk-mode=audit", "-m", "rlk_baseline",
@@ -285,7 +285,7 @@ def test_strict_baseline_gate(pytester: pytest.Pytester, make_matrix, tmp_path: 
     make_matrix(env={"FAKE_SCENARIO": "no_contract"})
     unjudged = pytester.runpytest("--rlk-mode=strict", "-m", "rlk_baseline",
                                   f"--rlk-matrix-root={tmp_path / 'd'}")
-    assert unjudged.ret == 1 and _outcomes(unjudged)["contract_mismatch"] == 3
+    assert unjudged.ret == 1 and _outcomes(unjudged)["failed"] == 3
     unjudged.stdout.fnmatch_lines(["    no contract: not judged: neither the logp provider nor "
                                    "matrix.toml (baseline_contract) declares*"])
 
@@ -296,13 +296,17 @@ def test_off_mode_runs_only_native_cells(pytester: pytest.Pytester, make_matrix,
     root = tmp_path / "root"
     result = pytester.runpytest("--rlk-mode=off", f"--rlk-matrix-root={root}")
     assert result.ret == 0
-    assert _outcomes(result) == {"valid": 2, "skipped": 6}
+    assert _outcomes(result) == {"passed": 2, "skipped": 6}
     assert [p.name for p in (root / "cpu").iterdir()] == ["attention-pp"]  # one native run
     report = _report(root)
     pp = _cell(report, "attention", "P/P")
     assert pp["verdict"] == "valid" and pp["mismatch_count"] > 0
     assert pp["contract_id"] == "vime.native.linear_logp.v1"
     assert _cell(report, "attention", "R/R")["verdict"] == "not_run"
+    # the other cells were not run: said so, not "cells ran on nodes that differ"
+    result.stdout.fnmatch_lines(["cpu attention: *; no performance conclusion (R/R is not_run; "
+                                 "P/R is not_run; R/P is not_run)"])
+    assert "nodes that differ" not in result.stdout.str()
 
 
 def test_xdist_writes_one_complete_report(pytester: pytest.Pytester, make_matrix,
@@ -397,7 +401,7 @@ def test_every_cell_of_a_crashing_matrix_is_reported(pytester: pytest.Pytester, 
                 modules='["attention"]')
     root = tmp_path / "root"
     result = pytester.runpytest(f"--rlk-matrix-root={root}")
-    assert _outcomes(result) == {"valid": 3, "error": 1}
+    assert _outcomes(result) == {"passed": 3, "failed": 1}
     report = _report(root)
     assert report["complete"] is True
     err = _cell(report, "attention", "P/R")
@@ -415,7 +419,8 @@ def test_report_command_reproduces_the_report(pytester: pytest.Pytester, make_ma
                            str(root), "--output", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     # one line like pytest's summary, not a Python dict
-    assert done.stdout.splitlines() == [f"1 fallback, 7 valid in 8 of 8 cells (complete): {out}"]
+    assert done.stdout.splitlines() == [
+        f"1 fallback, 7 valid (timings: 0 usable, 8 not usable) in 8 of 8 cells (complete): {out}"]
     before, after = _report(root), json.loads(out.read_text())
     before.pop("created"), after.pop("created")
     for cell in before["cells"] + after["cells"]:  # the plugin's own time: each analysis its own
@@ -484,6 +489,10 @@ def test_strict_fails_fast_when_preflight_finds_no_r_backend(
     assert (cell_dir / "matrix-case.env").exists()
     assert json.loads((cell_dir / "capability-decision.json").read_text())["blockers"]
     assert not (cell_dir / "run.log").exists()  # the job never started
+    # cells refused for the same reasons are one group: every reason printed once
+    summary = result.stdout.str().split("= rlk matrix =", 1)[1].split("matrix report:", 1)[0]
+    reasons = [line for line in summary.splitlines() if line.startswith("    ")]
+    assert reasons and len(reasons) == len(set(reasons)), summary
     # attention P/P still needs R for ffn and logp (fixed at R/R): refused too
     assert _cell(report, "attention", "P/P")["verdict"] == "unsupported"
     # off mode needs no RL-Kernel at all: the native baseline runs (the sessions below take the

@@ -107,7 +107,8 @@ def test_a_cache_hit_gives_the_full_read_record_and_changes_invalidate(
     cold, lines = _cells(root, jobs=2)
     assert cold == full and lines[-1] == ("cache: 0 of 3 run directories unchanged (reused), "
                                           "3 read")
-    assert lines[0].endswith(": read again: no cache entry")
+    assert lines[0] == ("cache: 3 of 3 run directories not cached yet (no cache entry, as on a "
+                        "first report): read")  # one count line, not one line per cell
     warm, lines = _cells(root, jobs=2)
     assert warm == full
     assert lines == ["cache: 3 of 3 run directories unchanged (reused), 0 read"]
@@ -215,7 +216,7 @@ def test_report_cli_options_and_no_progress_without_a_terminal(tmp_path: Path) -
     root = _root(tmp_path)
     cmd = [sys.executable, "-m", "pytest_rlkernel_matrix.cli", "report", str(root)]
     first = subprocess.run([*cmd, "--jobs", "2"], capture_output=True, text=True, check=True)
-    assert "3 valid in 3 of 3 cells" in first.stdout
+    assert "3 valid (timings: 0 usable, 3 not usable) in 3 of 3 cells" in first.stdout
     assert "\r" not in first.stderr and "cell/s" not in first.stderr  # no bar in a log
     second = subprocess.run([*cmd, "--no-cache", "--jobs", "1"], capture_output=True, text=True,
                             check=True)

@@ -12,7 +12,8 @@ import pytest
 
 from pytest_rlkernel_matrix.collect import RECORD_KEY, SESSION_KEY
 
-FIELDS = ("verdict", "hardware", "module", "case", "reasons", "artifact_dir",
+FIELDS = ("verdict", "failed", "performance_usable", "hardware", "module", "case", "reasons",
+          "artifact_dir",
           "logprob_abs_diff_max", "mismatch_count", "active_token_count", "step_wall_time")
 
 
@@ -39,9 +40,14 @@ class JsonReportIntegration:
         if session is None or getattr(session, "plan", False):
             return
         from pytest_rlkernel_matrix.report.html import HTML_FILE
-        from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, summarize
+        from pytest_rlkernel_matrix.report.matrix_report import (
+            REPORT_FILE,
+            summarize,
+            timing_counts,
+        )
 
         info = {"summary": summarize(session.records.values()),
+                "timings": timing_counts(session.records.values()),
                 "report": str(session.root / REPORT_FILE), "matrix_root": str(session.root)}
         html = session.root / HTML_FILE
         if html.exists():

@@ -58,9 +58,10 @@ def _drift_conclusion(cells: Mapping[str, Mapping[str, Any]]) -> str:
     if t and r:
         mt = cells["P/R"].get("logprob_abs_diff_mean") or 0.0
         mr = cells["R/P"].get("logprob_abs_diff_mean") or 0.0
-        side = "training" if mt > mr else "rollout"
+        side = ("equal on both sides" if mt == mr
+                else f"larger on the {'training' if mt > mr else 'rollout'} side")
         return lead + (f"drift from both sides (mean |dlogp| training P {mt:.2e}, rollout P "
-                       f"{mr:.2e}; larger on the {side} side)")
+                       f"{mr:.2e}; {side})")
     if t:
         return lead + "drift from the training side"
     if r:
@@ -96,6 +97,11 @@ def process_steps(record: Mapping[str, Any], phase: str) -> list[list[float]]:
     return []
 
 
+# A ratio with a cell whose timings the performance judgement refused: this reason comes first,
+# before "one process per cell" and "noise" (`no_conclusion_reason`).
+UNUSABLE = "no conclusion: timings not usable"
+
+
 def timing_ratio(num: Mapping[str, Any], den: Mapping[str, Any], phase: str, label: str,
                  policy: Policy) -> Ratio:
     """`num`'s over `den`'s time for `phase` under the rule; timings that are not usable (noise,
@@ -105,8 +111,34 @@ def timing_ratio(num: Mapping[str, Any], den: Mapping[str, Any], phase: str, lab
         if not rec.get("performance_usable"):
             why = (rec.get("validity") or {}).get("performance", {}).get("reasons") or [
                 f"verdict {rec.get('verdict')}"]
-            ratio.refuse(NOISE, f"{name} {rec.get('case')} timings not usable: {why[0]}")
+            ratio.refuse(UNUSABLE, f"{name} {rec.get('case')} timings not usable: {why[0]}")
+            ratio.conclusion = UNUSABLE  # before one process per cell and noise
     return ratio
+
+
+def no_conclusion_reason(ratios: Sequence[Ratio]) -> str:
+    """The one "no conclusion: ..." reason of ratios that make no statement, wherever it is
+    shown (terminal and HTML attribution, `rlk-matrix table`), in this order: a cell's timings
+    not usable (`UNUSABLE`), one process per cell (`ONE_PROCESS`), else noise (`NOISE`)."""
+    if any(r.conclusion == UNUSABLE for r in ratios):
+        return UNUSABLE
+    if ratios and all(r.conclusion == ONE_PROCESS for r in ratios):
+        return ONE_PROCESS
+    return NOISE
+
+
+def absent_cells(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """'R/R is not_run', ... for each cell without a judged run (not run, an error before any
+    judgement: no `performance_usable`, or not started: strict refused it before launch),
+    hence with no timings and no fingerprints."""
+    out = []
+    for case in CELLS:
+        c = cells[case]
+        if c.get("verdict") == "not_run" or "performance_usable" not in c:
+            out.append(f"{case} is {c.get('verdict')}")
+        elif "exit_code" in c and c["exit_code"] is None and not c.get("timed_out"):
+            out.append(f"{case} is {c.get('verdict')}, not started")
+    return out
 
 
 # (side, case with P on that side, the phase that side runs)
@@ -173,6 +205,10 @@ def _time_conclusion(cells: Mapping[str, Mapping[str, Any]],
     """Per side: time with R on that side (R/R) over time with P on it, under the rule; the
     side's step statement only when its own phase carries the step difference."""
     refused: list[str] = []
+    absent = absent_cells(cells)
+    if absent:  # not the nodes: those cells have no run, hence no fingerprint and no timings
+        refused.append(f"cells without a run: {'; '.join(absent)}")
+        return f"no performance conclusion ({'; '.join(absent)})", refused, []
     prints = {(c.get("hardware_fingerprint"), c.get("build_fingerprint")) for c in cells.values()}
     if len(prints) > 1:
         # Cells run on different nodes (Slurm) with different hardware or builds: like a
@@ -204,17 +240,22 @@ def _time_conclusion(cells: Mapping[str, Mapping[str, Any]],
                         if r.label.startswith("step") and r.ratio is not None)
     if figures:
         figures = f"{figures} ({DIRECTION})"
+    # P/P is in no side ratio: its refused timings are said beside the reason, never as it
+    pp = [r for r in refused if r.startswith("P/P ")]
     if parts:
         text = "; ".join(parts + notes) + f" ({DIRECTION})"
-    elif refused:
-        text = (f"{NOISE} or contamination ({refused[0]}"
-                + (f"; figures: {figures}" if figures else "") + ")")
-    elif all(r.conclusion == ONE_PROCESS for r in ratios):
-        shown = "; ".join(([figures] if figures else []) + notes)
-        text = ONE_PROCESS + (f" ({shown})" if shown else "")
     else:
-        why = "; ".join(dict.fromkeys(x for r in ratios for x in r.reasons))
-        text = f"{NOISE} ({'; '.join(([figures] if figures else []) + notes + [why])})"
+        reason = no_conclusion_reason(ratios)
+        if reason == UNUSABLE:
+            first = next(x for r in ratios if r.conclusion == UNUSABLE for x in r.reasons
+                         if "timings not usable" in x)
+            shown = [first.split(" ", 1)[1]] + ([f"figures: {figures}"] if figures else [])
+        elif reason == ONE_PROCESS:
+            shown = ([figures] if figures else []) + notes + pp
+        else:
+            why = "; ".join(dict.fromkeys(x for r in ratios for x in r.reasons))
+            shown = ([figures] if figures else []) + notes + pp + [why]
+        text = reason + (f" ({'; '.join(shown)})" if shown else "")
     return text, refused, [r.as_dict() for r in ratios]
 
 

@@ -36,6 +36,7 @@ from pytest_rlkernel_matrix.report.html_parts import (
     MODULE_ORDER,
     PAIRWISE,
     SIDES,
+    TIMING_MEANING,
     VERDICT_MEANING,
     VERDICT_ORDER,
     View,
@@ -60,7 +61,9 @@ from pytest_rlkernel_matrix.report.html_parts import (
     histogram_view,
     localisation_view,
     phases_view,
+    timing_mark,
 )
+from pytest_rlkernel_matrix.report.matrix_report import timing_counts
 
 __all__ = ["HTML_FILE", "drift_class", "render_html", "write_html"]
 
@@ -103,6 +106,11 @@ def _header(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> Vi
         drifts[cls] = drifts.get(cls, 0) + 1
     drift_badges = [{"text": f"{drifts[d]} {d}", "cls": f"d-{d}", "mark": DRIFT_MARK[d]}
                     for d in DRIFT_CLASSES if d in drifts]
+    timings = _map(report.get("timings")) or timing_counts(cells)
+    timing_badges = [{"text": f"{_fmt(timings.get(k))} {w}", "cls": f"timing t-{c}"}
+                     for k, w, c in (("usable", "usable", "usable"),
+                                     ("not_usable", "not usable", "not-usable"))
+                     if timings.get(k)]
     meta = [("mode", matrix.get("mode")), ("layout", matrix.get("layout")),
             ("created", report.get("created")),
             ("hardware", _fmt(matrix.get("hardware"))), ("modules", _fmt(matrix.get("modules"))),
@@ -111,6 +119,7 @@ def _header(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> Vi
             ("schema", report.get("schema_version"))]
     return {"name": str(matrix.get("name") or "matrix"), "state": state[0],
             "state_cls": state[1], "badges": badges, "drift_badges": drift_badges,
+            "timing_badges": timing_badges,
             "meta": [(k, _fmt(v)) for k, v in meta if v is not None]}
 
 
@@ -120,7 +129,9 @@ def _legend(cells: Sequence[Mapping[str, Any]]) -> View:
                 for v in VERDICT_ORDER if v in seen or v != "not_run"]
     drifts = [{"word": d, "cls": f"d-{d}", "mark": DRIFT_MARK[d], "meaning": DRIFT_MEANING[d]}
               for d in DRIFT_CLASSES]
-    return {"verdicts": verdicts, "drifts": drifts}
+    timings = [{"word": w, "cls": "t-" + w.replace(" ", "-"), "meaning": m}
+               for w, m in TIMING_MEANING.items()]
+    return {"verdicts": verdicts, "drifts": drifts, "timings": timings}
 
 
 def _matrix_cell(c: Mapping[str, Any], anchor: str) -> View:
@@ -135,11 +146,12 @@ def _matrix_cell(c: Mapping[str, Any], anchor: str) -> View:
     bits = c.get("bitwise_mismatch_count")
     if active is not None and bits is not None and bits != c.get("mismatch_count"):
         mism += f" ({_fmt(bits)} in bytes)"
-    not_judged = [(name, result) for name, result, _ in _not_judged(c)]
+    # the performance judgement is the timings mark, not a flag beside the verdict
+    not_judged = [(name, result) for name, result, _ in _not_judged(c) if name != "performance"]
     return {"anchor": anchor, "verdict": "" if verdict is None else str(verdict),
             "word": str(verdict or "none"), "vcls": _verdict_class(verdict),
             "drift": drift_class(c), "tags": tags, "mismatch": mism,
-            "step": _fmt_s(c.get("step_wall_time")),
+            "step": _fmt_s(c.get("step_wall_time")), "timing": timing_mark(c),
             "flags": [f"{name} {result}" for name, result in dict.fromkeys(not_judged)]}
 
 
@@ -176,9 +188,16 @@ def _glance(cells: Sequence[Mapping[str, Any]], ids: Sequence[str]) -> list[View
     """Per cell, what keeps it from a plain valid: its reasons and not-judged judgements."""
     out = []
     for c, anchor in zip(cells, ids, strict=True):
-        lines = [("not valid", r) for r in _list(c.get("reasons"))] \
+        found = [("not valid", str(r)) for r in _list(c.get("reasons"))] \
             if c.get("verdict") not in ("valid", None) else []
-        lines += [(f"{name} {result}", r) for name, result, r in _not_judged(c)]
+        found += [("timings not usable" if name == "performance" else f"{name} {result}", r)
+                  for name, result, r in _not_judged(c)]
+        labels: dict[str, list[str]] = {}  # each reason once, with every label it carries
+        for what, reason in found:
+            labels.setdefault(reason, [])
+            if what not in labels[reason]:
+                labels[reason].append(what)
+        lines = [(", ".join(whats), reason) for reason, whats in labels.items()]
         if not lines:
             continue
         verdict = c.get("verdict")
@@ -250,11 +269,15 @@ def _routes(c: Mapping[str, Any]) -> View:
                 rows.append([_t(module, "b"), requested, side, _t("unreported", "no"),
                              "-", "-", "-", "-", "-"])
                 continue
-            impl = r.get("implementation")
+            impl = r.get("ran") or r.get("implementation")  # what ran (readback + route line)
             got = IMPL_LETTER.get(str(impl), "?")
             mismatch = (bool(want) and got != want) or bool(r.get("fallback"))
-            rows.append([_t(module, "b"), requested, side,
-                         _t(f"{_fmt(impl)} ({got} vs {want or '?'})", "no" if mismatch else ""),
+            said = [f"readback {r.get('implementation') or 'none'}"] + [
+                f"route line actual={a}" for a in _list(r.get("route_line"))]
+            shown = f"{_fmt(impl)} ({got} vs {want or '?'})" + (
+                f"; {', '.join(said)}" if r.get("ran") and r.get("ran") != r.get(
+                    "implementation") else "")
+            rows.append([_t(module, "b"), requested, side, _t(shown, "no" if mismatch else ""),
                          _t(_fmt(r.get("backend_ids")), "mono"), _fmt(r.get("call_count")),
                          _fmt(r.get("fallback")), _fmt(r.get("contract")),
                          _fmt(_list(r.get("runtime_platforms")) + _list(r.get("execution_modes")))])

@@ -25,7 +25,8 @@ VERDICT_ORDER = ("valid", "fallback", "unsupported", "contract_mismatch", "incom
 
 
 VERDICT_MEANING = {
-    "valid": "every judgement that applies passed (drift without a contract is shown, not judged)",
+    "valid": "every evidence judgement that applies passed: route, semantic, numeric (drift "
+             "without a contract is shown, not judged); the timings have their own mark",
     "fallback": "a side ran production where RL-Kernel was requested",
     "unsupported": "a declared capability gap (unsupported class given)",
     "contract_mismatch": "the drift broke the contract the backends declared",
@@ -36,6 +37,23 @@ VERDICT_MEANING = {
 
 
 DRIFT_CLASSES = ("bitwise", "drifting", "unknown")
+
+
+# The performance mark, apart from the verdict: whether a cell's timings may support a
+# performance statement (the `performance` judgement; `performance_usable` in the record).
+TIMING_MEANING = {
+    "usable": "the timings may support a performance statement (the attribution's rule)",
+    "not usable": "the timings are refused (noise, contamination, the route that ran, or a "
+                  "verdict other than valid); the reason is listed below the matrix",
+}
+
+
+def timing_mark(c: Mapping[str, Any]) -> dict[str, str] | None:
+    """The cell's timings mark: usable / not usable (None: no judged run, e.g. not_run)."""
+    if "performance_usable" not in c:
+        return None
+    word = "usable" if c.get("performance_usable") is True else "not usable"
+    return {"word": word, "cls": "t-" + word.replace(" ", "-"), "title": TIMING_MEANING[word]}
 
 
 DRIFT_MEANING = {

@@ -60,6 +60,38 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def started(record: Mapping[str, Any]) -> bool:
+    """False for a record whose run never started (strict refused it before launch: no exit
+    code, no timeout); records without the key (summaries, tests) count as started."""
+    return not ("exit_code" in record and record["exit_code"] is None
+                and not record.get("timed_out"))
+
+
+def timing_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The performance mark, apart from the verdict: of the cells whose run was judged (their
+    record has `performance_usable`), how many have timings usable for a performance statement
+    and how many were refused (noise, contamination, a route or a run that forbids timing)."""
+    judged = [r for r in records if "performance_usable" in r and started(r)]
+    usable = sum(1 for r in judged if r.get("performance_usable") is True)
+    return {"usable": usable, "not_usable": len(judged) - usable}
+
+
+VERDICT_WORDS = ("error", "incomparable", "contract_mismatch", "fallback", "unsupported",
+                 "valid", "not_run")
+
+
+def counts_text(summary: Mapping[str, Any], timings: Mapping[str, Any] | None) -> str:
+    """'1 fallback, 11 valid (timings: 8 usable, 4 not usable)': the verdict (evidence) counts,
+    then the performance mark's, which a `valid` verdict does not imply."""
+    order = [v for v in VERDICT_WORDS if v in summary] + [v for v in summary
+                                                        if v not in VERDICT_WORDS]
+    text = ", ".join(f"{summary[v]} {v}" for v in order) or "no cells"
+    if timings and (timings.get("usable") or timings.get("not_usable")):
+        text += (f" (timings: {timings.get('usable', 0)} usable, "
+                 f"{timings.get('not_usable', 0)} not usable)")
+    return text
+
+
 _PACKAGE = Path(__file__).resolve().parents[1]
 # What `attribute` / `attribute_factors` compute with: a change to any of them is a new key.
 _ATTRIBUTION_SOURCES = ("report/attribution.py", "judge/stats.py", "spec/limits.py",
@@ -128,6 +160,7 @@ def build_report(
         "interrupted": interrupted,
         "expected_cells": expected_cells,
         "summary": summarize(records),
+        "timings": timing_counts(records),
         "preflight": dict(preflight or {}),
         "node_fingerprints": node_fingerprint_groups(ordered),
         "attribution": attribution,
@@ -173,6 +206,16 @@ def _route(value: Any) -> str:
     return parts.pop() if len(parts) == 1 and "" not in parts else text
 
 
+def route_shown(r: Mapping[str, Any], side: str) -> str:
+    """The route that ran on `side` (the readback and the route lines together, `record.ran`),
+    and the requested one beside it where they differ: ``production (requested rl_kernel)``."""
+    actual = _route(r.get(f"actual_{side}_implementation"))
+    wanted = r.get(f"requested_{side}_implementation")
+    if wanted is None or actual == "-" or _route(wanted) == actual:
+        return actual
+    return f"{actual} (requested {_route(wanted)})"
+
+
 def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The request's report template as a terminal table."""
     head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
@@ -181,8 +224,7 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
         rows.append((
             str(r["hardware"]), row_name(r), str(r["case"]),
-            _route(r.get("actual_training_implementation")),
-            _route(r.get("actual_rollout_implementation")),
+            route_shown(r, "training"), route_shown(r, "rollout"),
             "yes" if r.get("fallbacks") else "no",
             _fmt_d(r.get("logprob_abs_diff_max")),
             "-" if r.get("active_token_count") is None else
@@ -195,3 +237,33 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in rows]
+
+
+def problem_groups(records: Sequence[Mapping[str, Any]], limit: int = 12
+                   ) -> list[tuple[list[Mapping[str, Any]], str, list[str]]]:
+    """The records that are neither `valid` nor `not_run`, one group per (hardware, verdict,
+    failed or recorded), with each reason once: cells sharing a run (the R/R cells) or refused
+    for the same session-wide reasons do not repeat them. A reason that applies to only some of
+    the group's cells names them. Each group: its records, its header (e.g. ``cpu attention
+    R/R, ffn R/R, logp R/R: error (FAILED)``) and its reason lines (at most `limit`)."""
+    bad = sorted((r for r in records if r.get("verdict") not in ("valid", "not_run")),
+                 key=lambda r: (r["hardware"], cell_order(r)))
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in bad:
+        groups.setdefault((r["hardware"], r.get("verdict"), bool(r.get("failed"))), []).append(r)
+    out = []
+    for (hardware, verdict, failed), recs in groups.items():
+        names = [f"{row_name(r)} {r['case']}" for r in recs]
+        where: dict[str, list[str]] = {}
+        for name, r in zip(names, recs, strict=True):
+            for reason in r.get("reasons") or []:
+                where.setdefault(str(reason), [])
+                if name not in where[str(reason)]:
+                    where[str(reason)].append(name)
+        lines = [reason if len(cells) == len(names) else f"{reason} [{', '.join(cells)}]"
+                 for reason, cells in where.items()]
+        if len(lines) > limit:
+            lines = [*lines[:limit], f"... {len(lines) - limit} more in matrix-report.json"]
+        head = f"{hardware} {', '.join(names)}: {verdict} ({'FAILED' if failed else 'recorded'})"
+        out.append((recs, head, lines))
+    return out

@@ -14,7 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.report.matrix_report import REPORT_SCHEMA, cell_order, summarize
+from pytest_rlkernel_matrix.report.matrix_report import (
+    REPORT_SCHEMA,
+    cell_order,
+    summarize,
+    timing_counts,
+)
 
 COMPARABILITY_NOTE = (
     "side by side only: each hardware's verdicts, |dlogp| and phase times are shown as measured "
@@ -155,6 +160,7 @@ def merge_reports(
         "interrupted": any(bool(r.get("interrupted")) for _, r in reports),
         "expected_cells": sum(int(r.get("expected_cells") or len(r["cells"])) for _, r in reports),
         "summary": summarize(cells),
+        "timings": timing_counts(cells),
         "preflight": {
             "file": None,
             "hardware_fingerprint": _one(hw_fps, "several: " + ", ".join(map(str, hw_fps))),

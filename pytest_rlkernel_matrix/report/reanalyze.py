@@ -307,6 +307,9 @@ def attach_comparisons(records: list[dict[str, Any]], root: Path,
                                      root / rel if rel else None, base)
 
 
+NO_ENTRY = "no cache entry"  # cache.lookup's reason for a directory never cached (first report)
+
+
 def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None,
               use_cache: bool = True, log: Callable[[str], None] | None = None,
               progress: bool | None = None) -> Path:
@@ -354,6 +357,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
                               str(matrix.get("mode", "?"))), None, {}))
     keys: dict[str, cache.Key | None] = {}
     todo: list[_Task] = []
+    first: list[str] = []
     scrub = Scrubber.from_env(os.environ).obj
     for t in tasks.values():
         if use_cache:
@@ -366,9 +370,14 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
             if hit is not None:
                 t.record = scrub(hit)
                 continue
-            if log is not None:
+            if why == NO_ENTRY:
+                first.append(t.rel)  # a first report: said once, as a count
+            elif log is not None:
                 log(f"cache: {t.rel}: read again: {why}")
         todo.append(t)
+    if first and log is not None:
+        log(f"cache: {len(first)} of {len(tasks)} run directories not cached yet ({NO_ENTRY}, "
+            "as on a first report): read")
     bar = _bar(len(todo), progress)
 
     def done(t: _Task) -> None:
@@ -403,7 +412,7 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
     attach_comparisons(records, root, baselines)
     expected = old.get("expected_cells", len(records))
     report = build_report(
-        records, matrix=matrix, matrix_root=root,
+        records, matrix=matrix, matrix_root=root.absolute(),  # as the session writes it
         preflight=old.get("preflight") if isinstance(old.get("preflight"), dict) else None,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         expected_cells=expected if isinstance(expected, int) else len(records),

@@ -31,8 +31,9 @@ if TYPE_CHECKING:  # the readers and the judge (numpy, pydantic) load only when 
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
-ANALYSIS_VERSION = 4  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
-# notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24)
+ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
+# notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24);
+# 5: the route that ran, from the readback and the route lines (`ran`, issue 32)
 SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
@@ -59,6 +60,39 @@ def cell_to_dict(cell: Cell) -> dict[str, Any]:
     return out
 
 
+def _route_lines(ev: Evidence, module: str, side: str) -> tuple[list[str], list[str]]:
+    """(implementations, `actual=` backends) the run.log route lines give for one side of one
+    module: `rl_kernel` for an RL-Kernel backend (or `implementation=rl_kernel`), else
+    `production`."""
+    from pytest_rlkernel_matrix.judge.upstream import is_rlkernel_backend, side_of
+
+    impls: list[str] = []
+    actual: list[str] = []
+    for line in ev.log.routes:
+        if line.get("module") != module or side_of(line.get("framework"),
+                                                    line.get("target")) != side:
+            continue
+        if line.get("actual"):
+            actual.append(str(line["actual"])[:120])
+            impls.append("rl_kernel" if is_rlkernel_backend(str(line["actual"])) else "production")
+        elif line.get("implementation"):
+            impls.append("rl_kernel" if line["implementation"] == "rl_kernel" else "production")
+    return list(dict.fromkeys(impls)), list(dict.fromkeys(actual))
+
+
+def ran(wanted: str, reported: Sequence[str | None]) -> str | None:
+    """The route that ran, from what the readback and the route lines report: their one answer,
+    or where they disagree the one that is not the request (a production route anywhere on an R
+    side is a fallback, never R evidence); None when nothing reports it."""
+    found = list(dict.fromkeys(r for r in reported if r))
+    if len(found) <= 1:
+        return found[0] if found else None
+    if "mixed" in found:
+        return "mixed"
+    other = [r for r in found if r != wanted]
+    return other[0] if len(other) == 1 else "mixed"
+
+
 def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     from pytest_rlkernel_matrix.judge.upstream import native_logp_evidence
 
@@ -82,6 +116,17 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
                                "call_count": None, "processes": 0, "fallback": False,
                                "runtime_platforms": [], "execution_modes": [],
                                "contract": None, "evidence": "run.log marker"}
+            wanted = "rl_kernel" if cell.cases.side(module, side) == "R" else "production"
+            line_impls, line_actual = _route_lines(ev, module, side)
+            got = ran(wanted, [entry[side]["implementation"] if entry[side] else None,
+                               *line_impls])
+            if got is not None:
+                if entry[side] is None:  # only the route line tells
+                    entry[side] = {"implementation": None, "backend_ids": line_actual,
+                                   "call_count": None, "processes": 0, "fallback": False,
+                                   "runtime_platforms": [], "execution_modes": [],
+                                   "contract": None, "evidence": "run.log route line"}
+                entry[side].update(ran=got, wanted=wanted, route_line=line_actual or None)
         routes[module] = entry
     out: dict[str, Any] = {"routes": routes}
     focus = [cell.module] if cell.module in ALL_MODULES else list(cell.cases.modules)
@@ -94,9 +139,12 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
                 impls.append(f"{prefix}unreported")
                 backends.append(f"{prefix}unreported")
             else:
-                impls.append(f"{prefix}{side_route['implementation']}")
+                impls.append(f"{prefix}{side_route.get('ran') or side_route['implementation']}")
                 backends.append(prefix + ",".join(side_route["backend_ids"]))
         out[f"actual_{side}_implementation"] = ";".join(impls)
+        out[f"requested_{side}_implementation"] = ";".join(
+            f"{'' if len(focus) == 1 else f'{m}='}"
+            f"{'rl_kernel' if cell.cases.side(m, side) == 'R' else 'production'}" for m in focus)
         out[f"{side}_backend_id"] = ";".join(backends)
     return out
 
@@ -381,7 +429,10 @@ def _alias_routes(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for side in SIDES:
         r = routes[cell.module].get(side)
-        out[f"actual_{side}_implementation"] = r["implementation"] if r else "unreported"
+        out[f"actual_{side}_implementation"] = (r.get("ran") or r["implementation"]) if r \
+            else "unreported"
+        out[f"requested_{side}_implementation"] = (
+            "rl_kernel" if cell.cases.side(cell.module, side) == "R" else "production")
         out[f"{side}_backend_id"] = ",".join(r["backend_ids"]) if r else "unreported"
     return out
 
