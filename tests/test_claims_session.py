@@ -27,7 +27,9 @@ def _matrix(pytester: pytest.Pytester, repro: str = "") -> Path:
     assert text.count(cmd) == 1 and text.count("\n[runner]") == 1, "matrix.toml moved"
     text = text.replace(cmd, '--preset "$RLK_REF_PRESET" --num-prompts 4 --max-new-tokens 12 '
                         "--steps 3'")
-    text = text.replace("\n[runner]", f"baseline_claims = {CLAIMS}\n{repro}\n[runner]", 1)
+    text, n = re.subn(r"(?m)^baseline_claims = .*$", f"baseline_claims = {CLAIMS}", text)
+    assert n == 1, "matrix.toml declares no baseline_claims"
+    text = text.replace("\n[runner]", f"\n{repro}\n[runner]", 1)
     path = pytester.path / "matrix.toml"
     path.write_text(text)
     return path
