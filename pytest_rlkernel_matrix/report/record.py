@@ -31,8 +31,9 @@ if TYPE_CHECKING:  # the readers and the judge (numpy, pydantic) load only when 
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
-ANALYSIS_VERSION = 4  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
-# notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24)
+ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
+# notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24);
+# 5: nothing compared is not judged, (rank, call) coverage, strict claims (issue 34)
 SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
