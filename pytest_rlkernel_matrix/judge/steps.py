@@ -407,7 +407,7 @@ def apply_declared(claims: dict[str, dict[str, str]], declared: tuple[str, ...],
         if not isinstance(c, dict) or c.get("status") == "holds":
             continue
         if name not in declared and (c.get("status") != "fails" or mode != "strict"
-                                     or name in waived):
+                                     or name in waived or verdict != "valid"):
             continue  # an undeclared claim is only reported, unless it fails under strict
         label = "declared baseline claim" if name in declared else "baseline claim (not declared)"
         why = f"{label} {c.get('text') or name}"

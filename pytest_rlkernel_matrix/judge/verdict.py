@@ -34,8 +34,14 @@ from pytest_rlkernel_matrix.judge.stats import timing_noise
 from pytest_rlkernel_matrix.judge.steps import CLAIMS, apply_declared, judge_claims
 from pytest_rlkernel_matrix.judge.upstream import (
     bitwise_validation_status,
+    is_rlkernel_backend,
     judge_weight_audit,
     native_logp_evidence,
+)
+from pytest_rlkernel_matrix.judge.upstream_rules import (
+    declared_policy,
+    own_backend,
+    upstream_findings,
 )
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
 from pytest_rlkernel_matrix.run.contamination import read_measurement
@@ -184,19 +190,22 @@ def _unsupported(cell: Cell, ev: Evidence) -> list[tuple[str, str]]:
     return found
 
 
-def _real_backend(bid: str, impl: str) -> bool:
+def _real_backend(bid: str, impl: str, own: Mapping[str, Any] | None = None) -> bool:
+    """An R backend is RL-Kernel's, or the run's own under its declared runtime policy."""
     low = bid.lower()
     if impl == "rl_kernel":
-        return (low.startswith("rlkernel.") and not low.endswith(".unidentified")
-                and ".production" not in low)
-    return not low.startswith("rlkernel.")
+        return (is_rlkernel_backend(low) or own_backend(low, own)) and not low.endswith(
+            ".unidentified")
+    return not low.startswith("rlkernel.") and not own_backend(low, own)
 
 
-def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgement, list[str]]:
+def _judge_route(cell: Cell, mode: str, ev: Evidence, platform: str | None = None,
+                 ) -> tuple[Judgement, Judgement, list[str]]:
     """(route, mismatch, fallbacks): route problems that are fallbacks vs other mismatches."""
     route = Judgement()
     mismatch = Judgement()
     fallbacks: list[str] = []
+    own, _ = declared_policy(ev.runtime_policies)
     for fb in ev.fallbacks:
         fallbacks.append(f"{fb['module']} {fb['side']}: fallback recorded: {fb['reason']}")
     for module in cell.cases.modules:
@@ -227,7 +236,7 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                 else:
                     mismatch.fail(msg)
             elif impl == "rl_kernel":
-                fake = [b for b in got.backend_ids if not _real_backend(b, impl)]
+                fake = [b for b in got.backend_ids if not _real_backend(b, impl, own)]
                 if not got.backend_ids:
                     fallbacks.append(f"{where}: claims rl_kernel but reports no backend_id: "
                                      "R not proven (fallback)")
@@ -240,7 +249,7 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                     fallbacks.append(f"{where}: claims rl_kernel but call_count is 0: the "
                                      "RL-Kernel operator never ran (fallback)")
             elif impl == "production":
-                fake = [b for b in got.backend_ids if not _real_backend(b, impl)]
+                fake = [b for b in got.backend_ids if not _real_backend(b, impl, own)]
                 if fake:
                     mismatch.fail(f"{where}: claims production but backend_id {fake[0]!r} is an "
                                   "RL-Kernel backend")
@@ -259,8 +268,15 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                                              ev.routes, ev.hooks)
     log_fallbacks, log_mismatches = log_route_fallbacks(
         cell.cases.modules, cell.cases.side, mode, ev.log.fallback_lines, ev.log.routes,
-        bool(ev.readback_files), fallbacks)
+        bool(ev.readback_files), fallbacks, own)
     fallbacks += log_fallbacks
+    if mode != "off":  # upstream's record rules, platform by platform (judge/upstream_rules)
+        rule_fallbacks, failures = upstream_findings(ev.operator_records, platform,
+                                                     ev.runtime_policies)
+        fallbacks += [f for f in rule_fallbacks if not any(
+            f.startswith(" ".join(h.split()[:2])) for h in fallbacks)]
+        for reason in failures:
+            mismatch.fail(reason)
     for reason in unproven:
         route.fail(reason)
     for reason in log_mismatches + contradictions:
@@ -564,7 +580,7 @@ def decide(
 
     `policy` and `performance_policy` are what the run was recorded with (its cell-run.json)."""
     policy = policy or Policy()
-    route, mismatch, fallbacks = _judge_route(cell, mode, ev)
+    route, mismatch, fallbacks = _judge_route(cell, mode, ev, policy.backend)
     semantic = _judge_semantic(ev, mode, policy, cell)
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")

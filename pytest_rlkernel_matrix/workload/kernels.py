@@ -57,11 +57,15 @@ MODULES = ("attention", "ffn", "logp")
 # has the three above; comm is this project's extension and needs tensor parallelism (tp >= 2).
 OPTIONAL_MODULES = ("comm",)
 ALL_MODULES = (*MODULES, *OPTIONAL_MODULES)
+# The workload's own R kernels, under ids of its own: never RL-Kernel's (`rlkernel.*`), whose
+# records are judged by RL-Kernel's rules (on CUDA: no Triton). Its readbacks declare them in a
+# runtime policy of their own (`upstream.runtime_policy`; judge/upstream_rules.py).
+R_BACKEND_PREFIX = "rlk-ref."
 R_BACKEND_IDS = {
-    "attention": "rlkernel.attention.deterministic.v1",
-    "ffn": "rlkernel.ffn.qwen3.deterministic.v1",
-    "logp": "rlkernel.linear_logp.bitwise.v1",
-    "comm": "rlkernel.comm.allgather_fixed_order_sum.v1",
+    "attention": "rlk-ref.attention.deterministic.v1",
+    "ffn": "rlk-ref.ffn.qwen3.deterministic.v1",
+    "logp": "rlk-ref.linear_logp.bitwise.v1",
+    "comm": "rlk-ref.comm.allgather_fixed_order_sum.v1",
 }
 R_CONTRACT_VERSION = "rlk-ref.bitwise.v1"
 FRAMEWORK = {"training": "megatron", "rollout": "vllm"}
