@@ -110,10 +110,13 @@ def compare_samples(own: list[Sample], base: list[Sample]) -> dict[str, Any]:
     """Token and logprob differences between two runs' samples, paired by (step, rank, sample)
     (one sidecar per rank per step)."""
     by_key = {(s.call, s.rank, s.sample): s for s in base}
+    own_keys = [(s.call, s.rank, s.sample) for s in own]
+    duplicates = (len(own_keys) - len(set(own_keys))) + (len(base) - len(by_key))
     out: dict[str, Any] = {"samples": 0, "unpaired_samples": 0, "samples_tokens_differ": 0,
                            "compared_logprobs": 0, "rollout_logprobs_differ": 0,
                            "train_logprobs_differ": 0, "rollout_max_abs_diff": 0.0,
-                           "samples_lengths_differ": 0, "tokens_known": True}
+                           "samples_lengths_differ": 0, "tokens_known": True,
+                           "duplicate_samples": duplicates}
     for s in own:
         b = by_key.get((s.call, s.rank, s.sample))
         if b is None:
@@ -209,7 +212,10 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
             return out
     figures = compare_samples(own_s, base_s)
     out.update(figures)
-    if figures["samples"] == 0:
+    if figures["duplicate_samples"]:
+        out["why"] = (f"not judged: {figures['duplicate_samples']} sample(s) hold a (step, rank, "
+                      "sample) key another sample holds: which one to compare is unknown")
+    elif figures["samples"] == 0:
         out["why"] = ("not judged: no sample of the factor cell pairs with one of the baseline "
                       f"cell ((step, rank, sample) keys differ; {figures['unpaired_samples']} "
                       "unpaired)")
