@@ -132,3 +132,20 @@ def test_an_undeclared_own_backend_is_still_a_silent_fallback(tmp_path: Path) ->
         for op in d["operators"].values()])
     rec = k.analyze()
     assert rec["verdict"] == "valid", rec["reasons"]
+
+
+def test_a_recorded_fallback_is_named_once(tmp_path: Path) -> None:
+    """The readback's `fallbacks` entry and the record's own `fallback: true` are one fallback."""
+    k = CellKit(tmp_path).write()
+
+    def fell_back(d: dict[str, Any]) -> None:
+        op = d["operators"]["attention"]
+        op.update(implementation="production", backend_id="vllm.production.attention")
+        op["provenance"]["fallback"] = True
+        d["fallbacks"] = [{"module": "attention", "reason": "kernel raised"}]
+
+    k.edit_readback("rollout", fell_back)
+    rec = k.analyze()
+    assert rec["verdict"] == "fallback"
+    assert [r for r in rec["reasons"] if r.startswith("attention rollout")] == [
+        "attention rollout: fallback recorded: kernel raised"], rec["reasons"]

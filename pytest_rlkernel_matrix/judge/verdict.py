@@ -273,8 +273,8 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence, platform: str | None = Non
     if mode != "off":  # upstream's record rules, platform by platform (judge/upstream_rules)
         rule_fallbacks, failures = upstream_findings(ev.operator_records, platform,
                                                      ev.runtime_policies)
-        fallbacks += [f for f in rule_fallbacks if not any(
-            f.startswith(" ".join(h.split()[:2])) for h in fallbacks)]
+        said = {" ".join(w.rstrip(":") for w in h.split()[:2]) for h in fallbacks}
+        fallbacks += [f for f in rule_fallbacks if " ".join(f.split()[:2]) not in said]
         for reason in failures:
             mismatch.fail(reason)
     for reason in unproven:
