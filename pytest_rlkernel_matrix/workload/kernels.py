@@ -43,6 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import native
+from .identity import R_BACKEND_IDS as R_BACKEND_IDS  # (also read here: env, machine)
+from .identity import R_CONTRACT_VERSION as R_CONTRACT_VERSION
 from .parallel import Group, fixed_order_sum
 from .sampling import FAST_PATHS
 from .weights import AttnInputs, LayerWeights
@@ -57,17 +59,6 @@ MODULES = ("attention", "ffn", "logp")
 # has the three above; comm is this project's extension and needs tensor parallelism (tp >= 2).
 OPTIONAL_MODULES = ("comm",)
 ALL_MODULES = (*MODULES, *OPTIONAL_MODULES)
-# The workload's own R kernels, under ids of its own: never RL-Kernel's (`rlkernel.*`), whose
-# records are judged by RL-Kernel's rules (on CUDA: no Triton). Its readbacks declare them in a
-# runtime policy of their own (`upstream.runtime_policy`; judge/upstream_rules.py).
-R_BACKEND_PREFIX = "rlk-ref."
-R_BACKEND_IDS = {
-    "attention": "rlk-ref.attention.deterministic.v1",
-    "ffn": "rlk-ref.ffn.qwen3.deterministic.v1",
-    "logp": "rlk-ref.linear_logp.bitwise.v1",
-    "comm": "rlk-ref.comm.allgather_fixed_order_sum.v1",
-}
-R_CONTRACT_VERSION = "rlk-ref.bitwise.v1"
 FRAMEWORK = {"training": "megatron", "rollout": "vllm"}
 
 

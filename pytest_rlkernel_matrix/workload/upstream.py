@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from .env import SIDES, Env, Route
-from .kernels import R_BACKEND_IDS, R_BACKEND_PREFIX, R_CONTRACT_VERSION, SideKernels
+from .identity import R_BACKEND_IDS, R_BACKEND_PREFIX, R_CONTRACT_VERSION
+from .kernels import SideKernels
 from .parallel import Grid
 
 TRAINING_SCOPE = "all_exported_parameters"
