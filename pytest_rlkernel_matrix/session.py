@@ -194,9 +194,10 @@ class MatrixSession:
         return [c.id for c in self.cells if c.run_key == cell.run_key and c.id != cell.id]
 
     # -- environment ----------------------------------------------------------------------------
-    def run_id(self, cell: Cell) -> str:
-        owner = self.canonical.get(cell.run_key, cell)
-        return f"{owner.hardware}-{owner.slug}-{self._stamp()}Z-{self.token[:8]}"
+    def run_id(self, cell: Cell, run_dir: Path | None = None) -> str:  # a repeat: its own id
+        owner, again = self.canonical.get(cell.run_key, cell), run_dir and run_dir.suffix
+        tail = again.replace(".repeat", "-repeat") if again and ".repeat" in again else ""
+        return f"{owner.hardware}-{owner.slug}-{self._stamp()}Z-{self.token[:8]}{tail}"
 
     def _stamp(self) -> str:
         return self.created.replace("-", "").replace(":", "").split("+")[0]
@@ -212,7 +213,7 @@ class MatrixSession:
         profile = self.matrix.hardware[cell.hardware]
         topo = profile.topology
         contract = contract_env(cell, mode=mode, aligned=self.matrix.matrix.aligned,
-                                run_id=self.run_id(cell), artifact_dir=run_dir,
+                                run_id=self.run_id(cell, run_dir), artifact_dir=run_dir,
                                 repeats=runner.repeats, warmup=runner.warmup,
                                 topology={"tp": topo.tp, "cp": topo.cp, "pp": topo.pp,
                                           "gpus_per_cell": topo.devices_per_cell})
@@ -398,7 +399,7 @@ class MatrixSession:
                 outcome = self.launcher.wait(job)
             else:
                 with contamination.watch(
-                        root=self.root, run_dir=job.run_dir, run_id=self.run_id(cell),
+                        root=self.root, run_dir=job.run_dir, run_id=self.run_id(cell, job.run_dir),
                         backend=self.matrix.hardware[cell.hardware].backend, env=job.env,
                         policy=Policy(**self.matrix.performance.model_dump())):
                     outcome = self.launcher.wait(job)
@@ -524,7 +525,7 @@ class MatrixSession:
             "session": self.token,
             "cell": cell_to_dict(cell),
             "mode": mode,
-            "run_id": self.run_id(cell),
+            "run_id": self.run_id(cell, run_dir),
             "artifact_dir": str(run_dir.relative_to(self.root)),
             "run": result.as_dict(),
             "timeout": self.matrix.runner.timeout,

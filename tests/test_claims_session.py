@@ -17,9 +17,10 @@ CLAIMS = '["train_rollout_bitwise", "run_to_run_bitwise", "weights_bitwise"]'
 pytestmark = pytest.mark.usefixtures("reuse_probe")
 
 
-def _matrix(pytester: pytest.Pytester, repro: str = "") -> Path:
+def _matrix(pytester: pytest.Pytester, repro: str = "", declare: bool = True) -> Path:
     """The repo's matrix.toml, one measured step per cell, a small 3-step run per cell, the
-    three claims declared for the baseline, plus ``repro`` ([reproducibility] lines)."""
+    three claims declared for the baseline (``declare``; else the repo's own declaration),
+    plus ``repro`` ([reproducibility] lines)."""
     text = (REPO / "matrix.toml").read_text()
     text = re.sub(r"(?m)^repeats = \d+", "repeats = 1", text)
     text = re.sub(r"(?m)^warmup = \d+", "warmup = 0", text)
@@ -27,7 +28,10 @@ def _matrix(pytester: pytest.Pytester, repro: str = "") -> Path:
     assert text.count(cmd) == 1 and text.count("\n[runner]") == 1, "matrix.toml moved"
     text = text.replace(cmd, '--preset "$RLK_REF_PRESET" --num-prompts 4 --max-new-tokens 12 '
                         "--steps 3'")
-    text = text.replace("\n[runner]", f"baseline_claims = {CLAIMS}\n{repro}\n[runner]", 1)
+    text, n = re.subn(r"(?m)^baseline_claims = .*$",
+                      f"baseline_claims = {CLAIMS}" if declare else r"\g<0>", text)
+    assert n == 1, "matrix.toml declares no baseline_claims"
+    text = text.replace("\n[runner]", f"\n{repro}\n[runner]", 1)
     path = pytester.path / "matrix.toml"
     path.write_text(text)
     return path
@@ -102,14 +106,17 @@ def test_runs_twice_and_the_three_claims_hold(pytester: pytest.Pytester,
 def test_strict_baseline_fails_on_the_nondeterministic_drill(
         pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         side: str) -> None:
-    """`pytest --rlk-mode=strict -m rlk_baseline` with the three claims declared: the drill
-    breaks run-to-run only, and the failure names that claim (report and terminal)."""
+    """`pytest --rlk-mode=strict -m rlk_baseline`: the drill breaks run-to-run only, and the
+    failure names that claim (report and terminal). Training: the three claims declared;
+    rollout: the repo's matrix.toml as it is (run_to_run_bitwise not declared: a judged claim
+    that fails fails the strict all-R cell all the same, issue 34)."""
     monkeypatch.setenv("RLK_REF_FAULT", f"nondeterministic:attention:{side}")
     monkeypatch.delenv("RLK_REF_FAULT_NONCE", raising=False)
     if side == "training":  # the matrix asks for two runs
         matrix, args = _matrix(pytester, "\n[reproducibility]\nruns = 2\n"), ()
-    else:  # the option asks
-        matrix, args = _matrix(pytester), ("--rlk-repeat-baseline",)
+    else:  # the option asks, the repo's own declaration
+        matrix, args = _matrix(pytester, declare=False), ("--rlk-repeat-baseline",)
+    label = "declared baseline claim" if side == "training" else "baseline claim (not declared)"
     result, report = _run(pytester, matrix, tmp_path / "root", "--rlk-mode=strict",
                           "-m", "rlk_baseline", *args)
     assert result.ret == 1
@@ -120,13 +127,13 @@ def test_strict_baseline_fails_on_the_nondeterministic_drill(
         assert _status(cell) == {"train_rollout_bitwise": "holds",
                                  "run_to_run_bitwise": "fails", "weights_bitwise": "holds"}
         assert cell["reasons"][0].startswith(
-            "declared baseline claim run_to_run_bitwise: fails (fails at step "
+            f"{label} run_to_run_bitwise: fails (fails at step "
             f"{first}, rank 0, sample "), cell["reasons"]
         assert cell["fault_drill"]
     out = result.stdout.str()
     # the three R/R cells share one run: one header naming them, each reason printed once
     assert "cpu attention R/R, ffn R/R, logp R/R: contract_mismatch (FAILED)" in out
-    reason = f"    declared baseline claim run_to_run_bitwise: fails (fails at step {first}"
+    reason = f"    {label} run_to_run_bitwise: fails (fails at step {first}"
     assert sum(x.startswith(reason) for x in out.splitlines()) == 1, out
     line = next(x for x in out.splitlines() if x.startswith("claims cpu "))
     assert line.startswith("claims cpu attention, ffn, logp R/R: train/rollout bitwise holds")

@@ -196,7 +196,7 @@ def test_megatron_hooks_count_calls_and_r_matches_the_builtin_r_path(
     rb = readback(env, resolve_route(env, "training", None, "cpu"), k, "cpu")
     assert rb["operators"]["ffn"]["backend_id"] == "megatron.production.ffn"
     assert rb["operators"]["ffn"]["call_count"] == 4
-    assert rb["operators"]["attention"]["backend_id"] == "rlkernel.attention.deterministic.v1"
+    assert rb["operators"]["attention"]["backend_id"] == "rlk-ref.attention.deterministic.v1"
 
 
 @pytest.mark.skipif(not (HAVE_VLLM and HAVE_MEGATRON),
@@ -232,7 +232,7 @@ def test_engines_matrix_rr_bitwise_and_pp_drifts(pytester: pytest.Pytester,
         assert cell["weight_audit"]["format"] == "upstream"
         assert cell["weight_audit"]["problems"] == []
     assert rr["routes"]["attention"]["rollout"]["backend_ids"] == [
-        "rlkernel.attention.deterministic.v1"]
+        "rlk-ref.attention.deterministic.v1"]
     assert pp["routes"]["attention"]["rollout"]["backend_ids"] == ["vllm.production.attention"]
     assert pp["routes"]["attention"]["training"]["backend_ids"] == [
         "megatron.production.attention"]
@@ -302,7 +302,7 @@ def test_engines_writers_leave_rl_kernels_forms_and_a_valid_cell(
 
     assert "linear_logp native active: " in log and "module=logp requested" in log
     assert "target=training module=logp" not in log  # the marker, not a route line
-    assert "requested=rl_kernel actual=rlkernel.attention.deterministic.v1 fallback=false" in log
+    assert "requested=rl_kernel actual=rlk-ref.attention.deterministic.v1 fallback=false" in log
     assert sorted(p.name for p in env.sidecar_dir.iterdir()) == [
         "rank00000.call00000000.pt", "rank00000.call00000001.pt"]
     train_rb = json.loads(next(env.readback_dir.glob("megatron-training-*.json")).read_text())

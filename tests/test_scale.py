@@ -119,8 +119,20 @@ def test_a_cache_hit_gives_the_full_read_record_and_changes_invalidate(
     again, lines = _cells(root, jobs=2)
     assert again == full
     assert lines == ["cache: cpu/attention-rr: read again: "
-                     "mismatch-sidecars/rank00000.call00000000.pt changed (mtime_ns)",
+                     "mismatch-sidecars/rank00000.call00000000.pt changed (mtime_ns, ctime_ns)",
                      "cache: 2 of 3 run directories unchanged (reused), 1 read"]
+    # a .pt rewritten with the same size and its mtime put back (`cp -p`, `touch -r`): the
+    # inode and ctime, which nothing sets back, tell (issue 34)
+    _cells(root, jobs=1)
+    st = pt.stat()
+    copy = pt.with_name("copy.tmp")
+    shutil.copy2(pt, copy)
+    os.replace(copy, pt)
+    os.utime(pt, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (pt.stat().st_size, pt.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    _, lines = _cells(root, jobs=1)
+    assert lines[0] == ("cache: cpu/attention-rr: read again: "
+                        "mismatch-sidecars/rank00000.call00000000.pt changed (inode, ctime_ns)")
     # a small file edited in place, size and mtime kept: its sha256 tells
     log = root / "cpu" / "ffn-rp" / "run.log"
     st = log.stat()

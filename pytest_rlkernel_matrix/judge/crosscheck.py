@@ -33,7 +33,8 @@ _NO_CHECK = "sidecar tokens not cross-checked against the runtime exposure"
 
 def log_route_fallbacks(modules: Iterable[str], letter_of: Callable[[str, str], str], mode: str,
                         fallback_lines: Iterable[str], routes: Iterable[Mapping[str, str]],
-                        have_readbacks: bool, have: list[str]) -> tuple[list[str], list[str]]:
+                        have_readbacks: bool, have: list[str],
+                        own: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
     """(fallbacks, mismatches) from run.log: `fallback=true` lines and route lines that
     contradict the request (RL-Kernel's `requested=`/`actual=` form and the older
     `implementation=` form). `have` holds the fallbacks the readbacks already record."""
@@ -49,7 +50,7 @@ def log_route_fallbacks(modules: Iterable[str], letter_of: Callable[[str, str], 
         out.append(f"run.log: {line}")
     if mode == "off":
         return out, []
-    found, mismatches = log_route_findings(modules, letter_of, routes)
+    found, mismatches = log_route_findings(modules, letter_of, routes, own)
     for reason in found:
         where = " ".join(reason.split()[:2])
         if not any(f.startswith(where) for f in have + out):

@@ -118,6 +118,8 @@ class Evidence:
     log: LogScan = field(default_factory=LogScan)
     problems: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)  # the merged samples (probe tokens)
+    operator_records: list[dict[str, Any]] = field(default_factory=list)  # {side, module,
+    runtime_policies: list[dict[str, Any]] = field(default_factory=list)  # source, record}
 
     @property
     def sides_with_readbacks(self) -> set[str]:
@@ -205,6 +207,8 @@ def _read_readback(ev: Evidence, path: Path) -> None:
             cap["capability_decisions"] = []
         cap.setdefault("status", data.get("status", "unknown"))
         ev.capability.append({"side": side, "source": path.name, **cap})
+    if "runtime_policy" in data:  # a run's own backends, declared (judge/upstream_rules.py)
+        ev.runtime_policies.append({"source": path.name, "policy": data["runtime_policy"]})
     operators = data.get("operators") or {}
     if not isinstance(operators, dict):
         ev.problems.append(f"readback {path.name}: operators is not an object")
@@ -213,6 +217,8 @@ def _read_readback(ev: Evidence, path: Path) -> None:
         if not isinstance(op, dict):
             ev.problems.append(f"readback {path.name}: operators.{module} is not an object")
             continue
+        ev.operator_records.append({"side": side, "module": str(module), "source": path.name,
+                                    "record": op})
         route = ev.routes[side].setdefault(str(module), Route())
         route.processes += 1
         route.sources.append(path.name)

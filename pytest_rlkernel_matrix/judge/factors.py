@@ -110,10 +110,13 @@ def compare_samples(own: list[Sample], base: list[Sample]) -> dict[str, Any]:
     """Token and logprob differences between two runs' samples, paired by (step, rank, sample)
     (one sidecar per rank per step)."""
     by_key = {(s.call, s.rank, s.sample): s for s in base}
+    own_keys = [(s.call, s.rank, s.sample) for s in own]
+    duplicates = (len(own_keys) - len(set(own_keys))) + (len(base) - len(by_key))
     out: dict[str, Any] = {"samples": 0, "unpaired_samples": 0, "samples_tokens_differ": 0,
                            "compared_logprobs": 0, "rollout_logprobs_differ": 0,
                            "train_logprobs_differ": 0, "rollout_max_abs_diff": 0.0,
-                           "tokens_known": True}
+                           "samples_lengths_differ": 0, "tokens_known": True,
+                           "duplicate_samples": duplicates}
     for s in own:
         b = by_key.get((s.call, s.rank, s.sample))
         if b is None:
@@ -121,6 +124,18 @@ def compare_samples(own: list[Sample], base: list[Sample]) -> dict[str, Any]:
             continue
         out["samples"] += 1
         n, equal = _common_prefix(s, b)
+        if s.rollout.size != b.rollout.size:
+            # different lengths are a difference: every position one response has and the
+            # other lacks is a compared logprob that differs (never "0 of 0 differ")
+            extra = abs(int(s.rollout.size) - int(b.rollout.size))
+            out["samples_lengths_differ"] += 1
+            out["compared_logprobs"] += extra
+            out["rollout_logprobs_differ"] += extra
+            out["train_logprobs_differ"] += extra
+            out["rollout_max_abs_diff"] = float("inf")
+            if equal is not False:
+                out["samples_tokens_differ"] += 1
+                equal = False
         if equal is None:
             out["tokens_known"] = False
         elif not equal:
@@ -137,6 +152,8 @@ def compare_samples(own: list[Sample], base: list[Sample]) -> dict[str, Any]:
     out["unpaired_samples"] += max(0, len(base) - out["samples"])
     out["tokens_equal"] = (out["samples_tokens_differ"] == 0 and out["tokens_known"]
                            and out["unpaired_samples"] == 0)
+    if out["rollout_max_abs_diff"] == float("inf"):
+        out["rollout_max_abs_diff"] = None  # (lengths differ: no finite figure; JSON-safe)
     return out
 
 
@@ -151,6 +168,14 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
         out["why"] = (f"not judged: baseline cell not run ({verdict}"
                       + (f": {why}" if why else "") + ")")
         return out
+    try:
+        one = own_dir.resolve() == base_dir.resolve()
+    except (OSError, RuntimeError):
+        one = True
+    if one:
+        out["why"] = ("not judged: the factor cell and its baseline cell name one run "
+                      "directory: nothing independent to compare")
+        return out
     own, base = read_evidence(own_dir), read_evidence(base_dir)
     manifest = own.manifest or {}
     factors = manifest.get("factors")
@@ -158,6 +183,11 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
                own_weights_differ=_weights_differ(own),
                baseline_weights_differ=_weights_differ(base),
                workload_factors=factors if isinstance(factors, dict) else None)
+    broken = [f"{which}: {p}" for which, ev in (("factor cell", own), ("baseline cell", base))
+              for p in ev.sample_problems + ev.problems]
+    if broken:
+        out["why"] = f"not judged: incomplete evidence ({'; '.join(broken[:2])[:300]})"
+        return out
     if not own.samples or not base.samples:
         which = "factor" if not own.samples else "baseline"
         out["why"] = f"not judged: the {which} cell holds no logprob samples"
@@ -180,7 +210,20 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
             out["why"] = (f"not judged: the two cells' training weights differ from version "
                           f"{diverged} on, and no earlier step is left to compare")
             return out
-    out.update(compare_samples(own_s, base_s), judged=True)
+    figures = compare_samples(own_s, base_s)
+    out.update(figures)
+    if figures["duplicate_samples"]:
+        out["why"] = (f"not judged: {figures['duplicate_samples']} sample(s) hold a (step, rank, "
+                      "sample) key another sample holds: which one to compare is unknown")
+    elif figures["samples"] == 0:
+        out["why"] = ("not judged: no sample of the factor cell pairs with one of the baseline "
+                      f"cell ((step, rank, sample) keys differ; {figures['unpaired_samples']} "
+                      "unpaired)")
+    elif figures["compared_logprobs"] == 0:
+        out["why"] = ("not judged: nothing compared (no active logprob position both cells "
+                      "reached with the same tokens)")
+    else:
+        out["judged"] = True
     return out
 
 

@@ -154,6 +154,7 @@ def read_probes(probe_dir: Path, root: Path | None = None) -> tuple[dict[str, An
     problems: list[str] = []
     sides: dict[str, Any] = {}
     index_path = probe_dir / "index.json"
+    index: Any = None
     if index_path.exists():
         try:
             index = json.loads(read_bytes(index_path, root, MAX_INDEX_BYTES))
@@ -186,6 +187,7 @@ def read_probes(probe_dir: Path, root: Path | None = None) -> tuple[dict[str, An
         side = sides.setdefault(m.group(1), {"tokens": {}, "ops": {}, "lsm": {},
                                              "operators": ops, "meta": data, "files": []})
         side["files"].append(path.name)
+        problems.extend(_against_index(index, path.name, keys, ops))
         for r, key in enumerate(keys):
             row = {op: t[r] for op, t in outputs.items()}
             if key in side["ops"]:  # a TP replica (or a CP rank) holding the same token
@@ -199,6 +201,28 @@ def read_probes(probe_dir: Path, root: Path | None = None) -> tuple[dict[str, An
             if lsm.numel():
                 side["lsm"][key] = lsm[r]
     return sides, problems
+
+
+def _against_index(index: Any, name: str, keys: list[tuple[int, int]],
+                   ops: list[str]) -> list[str]:
+    """A probe file holds every token and operator `index.json` lists (every rank taps the same
+    rows; a replica that holds fewer was truncated): what it lacks, as reasons."""
+    if not isinstance(index, dict):
+        return []
+    out: list[str] = []
+    tokens = index.get("tokens")
+    if isinstance(tokens, list):
+        want = {(t.get("sample"), t.get("position")) for t in tokens if isinstance(t, dict)}
+        lost = sorted(k for k in want - set(keys) if all(isinstance(x, int) for x in k))
+        if lost:
+            out.append(f"probe {name}: holds {len(set(keys) & want)} of the {len(want)} tokens "
+                       f"index.json lists (lacks (sample, position) {lost[:4]}): truncated")
+    listed = index.get("operators")
+    if isinstance(listed, list) and listed != ops:
+        lost_ops = [o for o in listed if o not in ops]
+        out.append(f"probe {name}: operators differ from index.json's"
+                   + (f" (lacks {lost_ops[:4]})" if lost_ops else ""))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +264,23 @@ def localise(probe_dir: Path, root: Path | None = None,
              chosen: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``localisation`` block of a cell from its probe directory (see the module docstring).
 
-    ``chosen``: what ``probe_positions`` said of each probed token (kind, sidecar logprobs)."""
+    ``chosen``: what ``probe_positions`` said of each probed token (kind, sidecar logprobs).
+    ``no_divergence`` only when at least one operator was compared on every probed token and
+    nothing was left out (no reason at all): a probe that compared nothing, or whose inputs
+    are incomplete, is ``incomparable`` with the reasons. Never raises for what it reads."""
+    try:
+        return _localise(probe_dir, root, chosen)
+    except Exception as exc:  # an unforeseen shape: the probe is not judged, the cell still is
+        why = f"probe analysis failed: {type(exc).__name__}: {str(exc)[:300]}"
+        out: dict[str, Any] = {"probe_dir": probe_dir.name, "reasons": [why], "operators": [],
+                               "first_divergent": None, "per_layer": [], "growth": None,
+                               "vocab": None, "tokens": [], "status": "incomparable"}
+        out["summary"] = summary_line(out)
+        return out
+
+
+def _localise(probe_dir: Path, root: Path | None,
+              chosen: list[dict[str, Any]] | None) -> dict[str, Any]:
     import torch
 
     sides, reasons = read_probes(probe_dir, root)
@@ -266,7 +306,14 @@ def localise(probe_dir: Path, root: Path | None = None,
         out["status"] = "incomparable"
         out["summary"] = "probe incomparable: no token probed on both sides"
         return out
-    order = list(tr["operators"]) + [o for o in ro["operators"] if o not in tr["operators"]]
+    order = list(dict.fromkeys([*tr["operators"], *ro["operators"]]))
+    tapped = list(dict.fromkeys(op for d in (tr, ro) for k in keys for op in d["ops"][k]))
+    for op in tapped:  # an output no `operators` list names is compared too, and said
+        if op not in order:
+            order.append(op)
+            reasons.append(f"{op}: has outputs but is not in the probe's operators list")
+    if not order:
+        reasons.append("no operator to compare: the probe's operators and outputs are empty")
     first: dict[str, Any] | None = None
     for op in order:
         entry: dict[str, Any] = {"name": op, "layer": operator_layer(op),
@@ -277,6 +324,16 @@ def localise(probe_dir: Path, root: Path | None = None,
             lacking = [s for s in SIDES if s not in have]
             entry["status"] = "incomparable"
             entry["reason"] = f"missing on the {' and '.join(lacking)} side"
+            reasons.append(f"{op}: {entry['reason']}")
+            out["operators"].append(entry)
+            continue
+        widths = {(s, tuple(d["ops"][k][op].shape), d["ops"][k][op].dtype)
+                  for s, d in (("training", tr), ("rollout", ro)) for k in keys}
+        if len({(w[1], w[2]) for w in widths if w[0] == "training"}) > 1 or len(
+                {(w[1], w[2]) for w in widths if w[0] == "rollout"}) > 1:
+            entry["status"] = "incomparable"
+            entry["reason"] = ("rows of different widths or dtypes across tokens (files): "
+                               f"{sorted({str(w[1]) for w in widths})[:4]}")
             reasons.append(f"{op}: {entry['reason']}")
             out["operators"].append(entry)
             continue
@@ -315,9 +372,11 @@ def localise(probe_dir: Path, root: Path | None = None,
                          "to_rel": layers[last],
                          "factor": layers[last] / start if start > 0 else None}
     _vocab_block(out, tr, ro, keys, chosen or [], reasons)
+    compared = [e for e in out["operators"] if e.get("status") == "compared"]
     out["status"] = "localised" if first is not None else (
-        "no_divergence" if not any(e.get("status") == "incomparable" for e in out["operators"])
-        else "incomparable")
+        "no_divergence" if compared and not reasons else "incomparable")
+    if first is None and not compared and "nothing compared" not in " ".join(reasons):
+        reasons.append("nothing compared: no operator was compared on both sides")
     out["summary"] = summary_line(out)
     return out
 
@@ -374,7 +433,7 @@ def _vocab_block(out: dict[str, Any], tr: dict[str, Any], ro: dict[str, Any],
 def summary_line(loc: dict[str, Any]) -> str:
     """``first divergent model.layers.0.self_attn.attn (training P), grows x30 by layer 27``."""
     first = loc.get("first_divergent")
-    if loc.get("status") == "incomparable" and first is None:
+    if loc.get("status") != "no_divergence" and first is None:
         return "probe incomparable: " + "; ".join(loc.get("reasons", [])[:2])
     if first is None:
         return "no divergence: every operator bitwise equal at the probed tokens"
@@ -502,6 +561,9 @@ def probe_cell(run_dir: Path, *, command: str | list[str], cwd: Path, env: dict[
     else:
         loc = localise(pdir / "probes", root=run_dir, chosen=about)
         loc["reasons"] = problems + loc["reasons"]
+        if problems and loc.get("status") == "no_divergence":  # inputs incomplete: no pass
+            loc["status"] = "incomparable"
+            loc["summary"] = summary_line(loc)
     loc["probe_run"] = rel
     loc["probe_dir"] = f"{rel}/probes"
     write(pdir / "localisation.json", loc)

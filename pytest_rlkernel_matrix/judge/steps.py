@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pytest_rlkernel_matrix.judge import evidence as _ev
+from pytest_rlkernel_matrix.judge.coverage import call_gaps, versions_vs_calls
 from pytest_rlkernel_matrix.judge.metrics import (
     DriftMetrics,
     PartSums,
@@ -79,15 +80,25 @@ class Steps:
         if not self.series:
             return Claim(name, "not judged", "no per-step sidecars")
         for s in self.series:
-            if s["bitwise_mismatch_count"] or not s["active_tokens"]:
+            if not s["active_tokens"]:
+                return Claim(name, "not judged", f"step {s['step']}: no active token to "
+                             "compare")
+            if s["bitwise_mismatch_count"]:
                 return Claim(name, "fails", f"first non-bitwise step {s['step']}: "
                              f"{s['bitwise_mismatch_count']} of {s['active_tokens']} tokens")
         return Claim(name, "holds", f"{len(self.series)} steps, every step bitwise")
 
     def weights_claim(self) -> Claim:
         name = "weights_bitwise"
+        if self.problems:
+            return Claim(name, "not judged", "; ".join(self.problems[:3]))
         if not self.weights:
             return Claim(name, "not judged", "no per-version weight audits")
+        nums = sorted(int(v) for v in self.weights if v.isdigit())
+        lost = [n for n in range(nums[0], nums[-1] + 1) if n not in nums] if nums else []
+        if lost:
+            return Claim(name, "not judged", f"weight versions {nums[0]}..{nums[-1]} lack "
+                         f"{lost[:8]}: the chain has gaps")
         for v in sorted(self.weights, key=_version_key):
             sides = self.weights[v]
             missing = [s for s in ("training", "rollout") if s not in sides]
@@ -155,11 +166,13 @@ def read_steps(root: Path) -> Steps:
     alone gives, so the same figures); otherwise each call's sidecars are merged here."""
     st = Steps()
     files = sidecar_files(root, st.problems)
+    st.problems.extend(call_gaps(files))
     kept = None if st.problems else _ev.step_inputs(root, files.values())
     if kept is not None:
         st.series = [_entry(call, _summary(kept.samples.get(call, []), kept.sums.get(call, [])))
                      for call in kept.calls]
         st.weights = weight_chain(root, st.problems)
+        st.problems.extend(versions_vs_calls((c for c, _ in files), st.weights))
         return st
     by_call: dict[int, list[Path]] = {}
     for (call, _rank), path in sorted(files.items()):
@@ -180,6 +193,7 @@ def read_steps(root: Path) -> Steps:
         st.series.append(_entry(call, compute(_ev._renumber(samples), merged.parts,
                                               summary_only=True)))
     st.weights = weight_chain(root, st.problems)
+    st.problems.extend(versions_vs_calls((c for c, _ in files), st.weights))
     return st
 
 
@@ -241,10 +255,17 @@ def trend(steps: list[int], values: list[float]) -> dict[str, Any]:
 
 
 def compare_runs(first: Path, second: Path) -> Claim:
-    """run_to_run_bitwise: sidecar bytes per (step, rank), then both weight chains."""
+    """run_to_run_bitwise: sidecar bytes per (step, rank), then both weight chains. Two runs
+    that are one (the same directory, a link to it, the same run id) or whose evidence is
+    incomplete or unreadable are "not judged", never "holds"."""
     name = "run_to_run_bitwise"
     problems: list[str] = []
+    same = _same_run(first, second)
+    if same:
+        return Claim(name, "not judged", same)
     a, b = sidecar_files(first, problems), sidecar_files(second, problems)
+    for run, files in ((first, a), (second, b)):
+        problems.extend(f"{run.name}: {why}" for why in call_gaps(files))
     if problems:
         return Claim(name, "not judged", "; ".join(problems[:3]))
     if not a:
@@ -253,17 +274,51 @@ def compare_runs(first: Path, second: Path) -> Claim:
         only = sorted(set(a) ^ set(b))[0]
         return Claim(name, "not judged", f"step {only[0]} rank {only[1]}: sidecar in one run "
                      "only")
-    for key in sorted(a):
-        ra, rb = read_bytes(a[key], first, 1 << 31), read_bytes(b[key], second, 1 << 31)
-        if hashlib.sha256(ra).digest() != hashlib.sha256(rb).digest():
-            return Claim(name, "fails", f"fails at step {key[0]}, rank {key[1]}, "
-                         f"sample {_first_sample(a[key], b[key], first, second)}")
+    try:
+        for key in sorted(a):
+            ra, rb = read_bytes(a[key], first, 1 << 31), read_bytes(b[key], second, 1 << 31)
+            if hashlib.sha256(ra).digest() != hashlib.sha256(rb).digest():
+                return Claim(name, "fails", f"fails at step {key[0]}, rank {key[1]}, "
+                             f"sample {_first_sample(a[key], b[key], first, second)}")
+    except (Refused, OSError) as exc:
+        return Claim(name, "not judged", f"a sidecar cannot be read: {str(exc)[:200]}")
     ca, cb = weight_chain(first, problems), weight_chain(second, problems)
+    if problems:  # (an unreadable audit in either run: the chains are not whole)
+        return Claim(name, "not judged", "; ".join(problems[:3]))
     for v in sorted(set(ca) | set(cb), key=_version_key):
         if ca.get(v) != cb.get(v):
             return Claim(name, "fails", f"fails at weight version {v}")
     return Claim(name, "holds", f"{len(a)} sidecar(s) and {len(ca)} weight version(s) "
                  "byte-identical across 2 runs")
+
+
+def _run_id(run: Path) -> str | None:
+    """The run id `cell-run.json` (else `manifest.json`) records, or None."""
+    for name in ("cell-run.json", "manifest.json"):
+        try:
+            data = json.loads(read_bytes(run / name, run, MAX_JSON_BYTES))
+        except (Refused, OSError, ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("run_id"), str) and data["run_id"]:
+            return data["run_id"]
+    return None
+
+
+def _same_run(first: Path, second: Path) -> str:
+    """Why `second` is not a run of its own beside `first` ('' when it is one)."""
+    if second.is_symlink():
+        return (f"the second run {second.name} is a symbolic link, not a run directory of "
+                "its own")
+    try:
+        if first.resolve() == second.resolve() or second.samefile(first):
+            return f"the second run {second.name} is the first run's own directory"
+    except OSError as exc:
+        return f"the second run {second.name} cannot be read ({type(exc).__name__})"
+    ra, rb = _run_id(first), _run_id(second)
+    if ra is not None and ra == rb:
+        return (f"the second run {second.name} carries the first run's run id {ra!r}: a copy, "
+                "not a separate run")
+    return ""
 
 
 def _first_sample(pa: Path, pb: Path, ra: Path, rb: Path) -> str:
@@ -290,19 +345,39 @@ def judge_claims(root: Path, repeat_dir: str | None) -> tuple[dict[str, dict[str
         why = f"steps: {type(exc).__name__}: {str(exc)[:200]}"
         return {c: Claim(c, "not judged", why).as_dict() for c in CLAIMS}, {}
     if repeat_dir:
-        again = root.parent / repeat_dir
-        code = _exit_code(again) if again.is_dir() else None
-        r2r = (Claim("run_to_run_bitwise", "not judged", f"the second run {repeat_dir} is "
-                     "missing") if code is None else
-               compare_runs(root, again) if code == "0" else
-               Claim("run_to_run_bitwise", "not judged", f"the second run {repeat_dir} "
-                     f"exited {code}"))
+        r2r = _repeat_claim(root, repeat_dir)
     else:
         r2r = Claim("run_to_run_bitwise", "not judged", "one run (set [reproducibility] "
                     "runs = 2 or --rlk-repeat-baseline)")
     claims = {"train_rollout_bitwise": st.bitwise_claim(), "run_to_run_bitwise": r2r,
               "weights_bitwise": st.weights_claim()}
     return {k: v.as_dict() for k, v in claims.items()}, st.as_dict()
+
+
+def _repeat_claim(root: Path, repeat_dir: str) -> Claim:
+    """run_to_run_bitwise against `<root's parent>/<repeat_dir>`: a plain sibling directory
+    name (no path, not the run itself) that finished with exit code 0; never raises."""
+    name = "run_to_run_bitwise"
+    if (not repeat_dir or repeat_dir in (".", "..") or "/" in repeat_dir or "\\" in repeat_dir
+            or "\0" in repeat_dir):
+        return Claim(name, "not judged", f"the second run {repeat_dir[:80]!r} is not a "
+                     "directory name beside the first run")
+    if repeat_dir == root.name:
+        return Claim(name, "not judged", f"the second run {repeat_dir} is the first run")
+    again = root.parent / repeat_dir
+    try:
+        if not (again.is_dir() or again.is_symlink()):
+            return Claim(name, "not judged", f"the second run {repeat_dir} is missing")
+        same = _same_run(root, again)
+        if same:
+            return Claim(name, "not judged", same)
+        code = _exit_code(again)
+        if code != "0":
+            return Claim(name, "not judged", f"the second run {repeat_dir} exited {code}")
+        return compare_runs(root, again)
+    except Exception as exc:  # a reader bug or an odd file: not judged, with why
+        return Claim(name, "not judged", f"the second run {repeat_dir}: {type(exc).__name__}: "
+                     f"{str(exc)[:200]}")
 
 
 def _exit_code(run: Path) -> str:
@@ -315,17 +390,29 @@ def _exit_code(run: Path) -> str:
 
 
 def apply_declared(claims: dict[str, dict[str, str]], declared: tuple[str, ...], mode: str,
-                   verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
-    """An all-R cell's declared claims (``[matrix] baseline_claims``): in strict mode one that
-    fails makes a valid cell ``contract_mismatch``, one not judged ``incomparable``; otherwise
-    the claim is a reason (``also:`` on a valid cell)."""
-    for name in declared:
+                   verdict: str, reasons: list[str], waived: tuple[str, ...] = (),
+                   ) -> tuple[str, list[str]]:
+    """An all-R cell's claims. In strict mode a claim that was judged and fails makes a valid
+    cell ``contract_mismatch``, declared (``[matrix] baseline_claims``) or not, and a declared
+    claim that was not judged makes it ``incomparable``; otherwise a declared claim that does
+    not hold is a reason (``also:`` on a valid cell) and an undeclared one is only reported.
+    ``waived``: undeclared claims the cell's own contract speaks for instead (a declared
+    tolerance allows train/rollout drift within it: ``train_rollout_bitwise``)."""
+    order = [*declared, *(n for n in CLAIMS if n not in declared), *(
+        n for n in claims if n not in declared and n not in CLAIMS)]
+    for name in order:
         c = claims.get(name)
-        if c is None or c["status"] == "holds":
+        if name in declared and not isinstance(c, dict):
+            c = Claim(name, "not judged", "not in the record").as_dict()
+        if not isinstance(c, dict) or c.get("status") == "holds":
             continue
-        why = f"declared baseline claim {c['text']}"
+        if name not in declared and (c.get("status") != "fails" or mode != "strict"
+                                     or name in waived or verdict != "valid"):
+            continue  # an undeclared claim is only reported, unless it fails under strict
+        label = "declared baseline claim" if name in declared else "baseline claim (not declared)"
+        why = f"{label} {c.get('text') or name}"
         if mode == "strict" and verdict == "valid":
-            verdict = "contract_mismatch" if c["status"] == "fails" else "incomparable"
+            verdict = "contract_mismatch" if c.get("status") == "fails" else "incomparable"
             reasons = [why]
         elif why not in reasons:
             reasons = [*reasons, why if verdict != "valid" else f"also: {why}"]

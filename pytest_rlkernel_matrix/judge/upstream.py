@@ -279,8 +279,11 @@ def is_rlkernel_backend(backend: str) -> bool:
 
 
 def log_route_findings(modules: Iterable[str], letter_of: Any, routes: Iterable[
-        Mapping[str, str]]) -> tuple[list[str], list[str]]:
-    """(fallbacks, mismatches) from run.log route lines: `letter_of(module, side)` is P or R."""
+        Mapping[str, str]], own: Mapping[str, Any] | None = None,
+        ) -> tuple[list[str], list[str]]:
+    """(fallbacks, mismatches) from run.log route lines: `letter_of(module, side)` is P or R;
+    `own`: the run's declared runtime policy (its own R backends, `judge/upstream_rules.py`)."""
+    prefix = str(own["backend_prefix"]).lower() if own else None
     fallbacks: list[str] = []
     mismatches: list[str] = []
     wanted = set(modules)
@@ -304,12 +307,13 @@ def log_route_findings(modules: Iterable[str], letter_of: Any, routes: Iterable[
                               f"case requests {want} ({letter})")
         if actual is None:
             continue
-        if letter == "R" and not is_rlkernel_backend(actual):
+        mine = prefix is not None and actual.lower().startswith(prefix)
+        if letter == "R" and not (is_rlkernel_backend(actual) or mine):
             fallbacks.append(f"{where}: run.log route line says actual={actual[:120]} although "
                              "R was requested: not an RL-Kernel backend (fallback)")
-        elif letter == "P" and actual.lower().startswith("rlkernel."):
+        elif letter == "P" and (actual.lower().startswith("rlkernel.") or mine):
             mismatches.append(f"{where}: run.log route line says actual={actual[:120]}, an "
-                              "RL-Kernel backend, although P was requested")
+                              "R backend, although P was requested")
     return fallbacks, mismatches
 
 

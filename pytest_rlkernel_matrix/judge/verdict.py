@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_rlkernel_matrix.judge.coverage import judge_ranks
 from pytest_rlkernel_matrix.judge.crosscheck import (
     Exposure,
     hook_findings,
@@ -33,8 +34,14 @@ from pytest_rlkernel_matrix.judge.stats import timing_noise
 from pytest_rlkernel_matrix.judge.steps import CLAIMS, apply_declared, judge_claims
 from pytest_rlkernel_matrix.judge.upstream import (
     bitwise_validation_status,
+    is_rlkernel_backend,
     judge_weight_audit,
     native_logp_evidence,
+)
+from pytest_rlkernel_matrix.judge.upstream_rules import (
+    declared_policy,
+    own_backend,
+    upstream_findings,
 )
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
 from pytest_rlkernel_matrix.run.contamination import read_measurement
@@ -183,19 +190,22 @@ def _unsupported(cell: Cell, ev: Evidence) -> list[tuple[str, str]]:
     return found
 
 
-def _real_backend(bid: str, impl: str) -> bool:
+def _real_backend(bid: str, impl: str, own: Mapping[str, Any] | None = None) -> bool:
+    """An R backend is RL-Kernel's, or the run's own under its declared runtime policy."""
     low = bid.lower()
     if impl == "rl_kernel":
-        return (low.startswith("rlkernel.") and not low.endswith(".unidentified")
-                and ".production" not in low)
-    return not low.startswith("rlkernel.")
+        return (is_rlkernel_backend(low) or own_backend(low, own)) and not low.endswith(
+            ".unidentified")
+    return not low.startswith("rlkernel.") and not own_backend(low, own)
 
 
-def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgement, list[str]]:
+def _judge_route(cell: Cell, mode: str, ev: Evidence, platform: str | None = None,
+                 ) -> tuple[Judgement, Judgement, list[str]]:
     """(route, mismatch, fallbacks): route problems that are fallbacks vs other mismatches."""
     route = Judgement()
     mismatch = Judgement()
     fallbacks: list[str] = []
+    own, _ = declared_policy(ev.runtime_policies)
     for fb in ev.fallbacks:
         fallbacks.append(f"{fb['module']} {fb['side']}: fallback recorded: {fb['reason']}")
     for module in cell.cases.modules:
@@ -226,7 +236,7 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                 else:
                     mismatch.fail(msg)
             elif impl == "rl_kernel":
-                fake = [b for b in got.backend_ids if not _real_backend(b, impl)]
+                fake = [b for b in got.backend_ids if not _real_backend(b, impl, own)]
                 if not got.backend_ids:
                     fallbacks.append(f"{where}: claims rl_kernel but reports no backend_id: "
                                      "R not proven (fallback)")
@@ -239,7 +249,7 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                     fallbacks.append(f"{where}: claims rl_kernel but call_count is 0: the "
                                      "RL-Kernel operator never ran (fallback)")
             elif impl == "production":
-                fake = [b for b in got.backend_ids if not _real_backend(b, impl)]
+                fake = [b for b in got.backend_ids if not _real_backend(b, impl, own)]
                 if fake:
                     mismatch.fail(f"{where}: claims production but backend_id {fake[0]!r} is an "
                                   "RL-Kernel backend")
@@ -258,8 +268,15 @@ def _judge_route(cell: Cell, mode: str, ev: Evidence) -> tuple[Judgement, Judgem
                                              ev.routes, ev.hooks)
     log_fallbacks, log_mismatches = log_route_fallbacks(
         cell.cases.modules, cell.cases.side, mode, ev.log.fallback_lines, ev.log.routes,
-        bool(ev.readback_files), fallbacks)
+        bool(ev.readback_files), fallbacks, own)
     fallbacks += log_fallbacks
+    if mode != "off":  # upstream's record rules, platform by platform (judge/upstream_rules)
+        rule_fallbacks, failures = upstream_findings(ev.operator_records, platform,
+                                                     ev.runtime_policies)
+        said = {" ".join(w.rstrip(":") for w in h.split()[:2]) for h in fallbacks}
+        fallbacks += [f for f in rule_fallbacks if " ".join(f.split()[:2]) not in said]
+        for reason in failures:
+            mismatch.fail(reason)
     for reason in unproven:
         route.fail(reason)
     for reason in log_mismatches + contradictions:
@@ -280,7 +297,7 @@ def _judge_semantic(ev: Evidence, mode: str, policy: Policy,
         sem.fail(f"samples not comparable: {problem}")
     for reason in exposure_of(ev).reasons:
         sem.fail(reason)
-    _judge_ranks(ev, sem)
+    judge_ranks(ev, sem.fail)
     m = ev.metrics
     if m is not None and m.active_token_count and m.active_token_count < policy.min_active_tokens:
         sem.fail(f"coverage: {m.active_token_count} active tokens, below min_active_tokens="
@@ -315,41 +332,6 @@ def exposure_of(ev: Evidence) -> Exposure:
     return runtime_exposure(ev.log.records.get("step", []), ev.manifest,
                             None if m is None else m.active_token_count, ev.logprob_source,
                             None if m is None else m.sample_count)
-
-
-def _judge_ranks(ev: Evidence, sem: Judgement) -> None:
-    """Rank files tie to the run: names, rank fields, world size, no copies."""
-    by_digest: dict[str, list[str]] = {}
-    sizes: set[tuple[int, int]] = set()
-    ranks: set[int] = set()
-    for info in ev.rank_files:
-        by_digest.setdefault(info["sha256"], []).append(info["file"])
-        if "rank" not in info:
-            continue
-        ranks.add(info["rank"])
-        sizes.add((info.get("tp", 1), info.get("cp", 1)))
-        if info.get("name_rank") is None:
-            sem.fail(f"rank file {info['file']}: the file name carries no rank")
-        elif info["name_rank"] != info["rank"]:
-            sem.fail(f"rank file {info['file']}: rank field {info['rank']} != rank "
-                     f"{info['name_rank']} in the file name")
-        if info.get("name_call") not in (None, info.get("call")):
-            sem.fail(f"rank file {info['file']}: call_index {info.get('call')} != call "
-                     f"{info['name_call']} in the file name")
-    for files in by_digest.values():
-        if len(files) > 1:
-            sem.fail(f"byte-identical rank files {', '.join(sorted(files))}: one rank's evidence "
-                     "copied, not separate ranks")
-    if len(sizes) > 1:
-        sem.fail(f"rank files disagree on (tp, cp) world sizes: {sorted(sizes)}")
-    if ranks:
-        world = len(ranks)
-        if ranks != set(range(world)):
-            sem.fail(f"rank files hold ranks {sorted(ranks)[:16]}: not 0..{world - 1}")
-        elif len(sizes) == 1:
-            tp, cp = next(iter(sizes))
-            if world % (tp * cp):
-                sem.fail(f"{plural(world, 'rank')}: not a multiple of tp*cp = {tp}*{cp}")
 
 
 def parse_contract(value: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -598,7 +580,7 @@ def decide(
 
     `policy` and `performance_policy` are what the run was recorded with (its cell-run.json)."""
     policy = policy or Policy()
-    route, mismatch, fallbacks = _judge_route(cell, mode, ev)
+    route, mismatch, fallbacks = _judge_route(cell, mode, ev, policy.backend)
     semantic = _judge_semantic(ev, mode, policy, cell)
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")
@@ -667,7 +649,9 @@ def decide(
         verdict, reasons = "valid", [r for r in numeric.reasons if r.startswith("no contract: not")]
     claims, steps_data = judge_claims(ev.root, policy.repeat_dir)
     if cell is not None and is_all_r(cell):
-        verdict, reasons = apply_declared(claims, policy.baseline_claims, mode, verdict, reasons)
+        waived = ("train_rollout_bitwise",) if (contract or {}).get("kind") == "tolerance" else ()
+        verdict, reasons = apply_declared(claims, policy.baseline_claims, mode, verdict, reasons,
+                                          waived)
     if verdict != "valid":
         extra = [r for r in numeric.reasons if r not in reasons and verdict != "contract_mismatch"]
         reasons += [f"also: {r}" for r in extra

@@ -4,7 +4,11 @@ An entry holds a cell's record and the key it was made under: the analysis versi
 (`record.ANALYSIS_VERSION`) and the plugin's version, the inputs of `analyze_run` that are not
 files (cell, mode, artifact directory, the matrix file's expected gaps) and the identity of
 every file under the run directory: path, type, size and `mtime_ns`, plus the sha256 of every
-file that is not a `.pt` (the JSON, logs and env files; small). A record is reused only when the
+file that is not a `.pt` (the JSON, logs and env files; small) and, for a file not hashed (a
+`.pt`, a large or non-regular file), its inode and `ctime_ns`, which no rewrite can put back.
+The key also holds the same identity of every other directory the cell's judgement reads
+(`extra_dirs`: the repeat run `<run>.repeatN` of `run_to_run_bitwise`, and whatever a
+provider registered with `register_extra_dirs` names). A record is reused only when the
 whole key is equal; otherwise the entry is ignored with the reason (`lookup`) and the cell is read
 again. Entries are written atomically (`store.atomic`). The record in an entry is already
 scrubbed of secrets; a hit is scrubbed again with the current environment's secrets.
@@ -27,7 +31,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +101,11 @@ def file_identity(run_dir: Path, previous: Mapping[str, Any] | None = None,
                 subdirs.append(entry)
             elif (entry.name.endswith(".pt") or st.st_size > HASH_CAP
                   or not stat.S_ISREG(st.st_mode)):
-                out[rel] = ["file", st.st_size, st.st_mtime_ns, None]
+                # not hashed: identified by what a rewrite cannot put back as well (a same-size
+                # rewrite with its mtime restored, `cp -p` / `touch -r`, changes ctime; a
+                # replacement file has another inode)
+                out[rel] = [_kind(st.st_mode), st.st_size, st.st_mtime_ns, None, st.st_ino,
+                            st.st_ctime_ns]
             else:
                 stamp = [st.st_dev, st.st_ino, st.st_ctime_ns]
                 old = was.get(rel)
@@ -118,13 +126,81 @@ def file_identity(run_dir: Path, previous: Mapping[str, Any] | None = None,
     return out, stamps, hashed
 
 
+def _kind(mode: int) -> str:
+    return "file" if stat.S_ISREG(mode) else "fifo" if stat.S_ISFIFO(mode) else "special"
+
+
+# -- directories a cell's judgement reads besides its own --------------------------------------
+#
+# A provider takes the cell's run directory and returns the other directories its analysis
+# reads (each keyed like the cell's own: every file's identity). The repeat run of
+# `run_to_run_bitwise` is one; a measured run kept beside the cell (performance attribution)
+# registers its own provider with `register_extra_dirs`. A directory that does not exist is
+# keyed as absent, so its appearance is a change too.
+
+ExtraDirs = Callable[[Path], list[Path]]
+_EXTRA_PROVIDERS: list[ExtraDirs] = []
+
+
+def register_extra_dirs(provider: ExtraDirs) -> ExtraDirs:
+    """Add a provider of directories a cell's judgement reads (usable as a decorator)."""
+    if provider not in _EXTRA_PROVIDERS:
+        _EXTRA_PROVIDERS.append(provider)
+    return provider
+
+
+@register_extra_dirs
+def repeat_dirs(run_dir: Path) -> list[Path]:
+    """The second runs (`<run>.repeatN`) beside the run, and the one its `cell-run.json` names
+    (`policy.repeat_dir`, whatever it is called)."""
+    out: list[Path] = []
+    with suppress(OSError):
+        out += sorted(p for p in run_dir.parent.glob(f"{run_dir.name}.repeat*")
+                      if p.name[len(run_dir.name) + 7:].isdigit())
+    with suppress(OSError, ValueError, UnicodeDecodeError, RecursionError):
+        meta = json.loads((run_dir / "cell-run.json").read_bytes()[: 64 * 2**20])
+        named = (meta.get("policy") or {}).get("repeat_dir") if isinstance(meta, dict) else None
+        if isinstance(named, str) and named and "/" not in named and named not in (".", ".."):
+            out.append(run_dir.parent / named)
+    return list(dict.fromkeys(out))
+
+
+def extra_dirs(run_dir: Path) -> list[Path]:
+    """Every directory the registered providers name for this run (in order, once each)."""
+    found: list[Path] = []
+    for provider in _EXTRA_PROVIDERS:
+        found += [p for p in provider(run_dir) if p != run_dir]
+    return list(dict.fromkeys(found))
+
+
+def _dir_identity(path: Path, previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One extra directory's identity: absent, a link (its target and the target's files) or
+    its files (`file_identity`)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return {"state": "absent"}
+    out: dict[str, Any] = {"state": "dir" if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode),
+                           "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+    if stat.S_ISLNK(st.st_mode):
+        out.update(state="link", target=os.readlink(path))
+    try:
+        if path.is_dir():
+            out["files"] = file_identity(path, previous)[0]
+    except OSError as exc:
+        out["unreadable"] = type(exc).__name__
+    return out
+
+
 def cache_key(run_dir: Path, inputs: Mapping[str, Any],
               previous: Mapping[str, Any] | None = None) -> Key:
     hashed_ns = time.time_ns()
     files, stamps, hashed = file_identity(run_dir, previous)
+    extra = {p.name if p.parent == run_dir.parent else str(p): _dir_identity(p, None)
+             for p in extra_dirs(run_dir)}
     return Key({"analysis_version": _record.ANALYSIS_VERSION, "plugin_version": __version__,
                 "inputs": json.loads(json.dumps(inputs, sort_keys=True, default=repr)),
-                "files": files}, stamps, hashed_ns, hashed)
+                "files": files, "extra_dirs": extra}, stamps, hashed_ns, hashed)
 
 
 def entry_path(root: Path, rel: str) -> Path:
@@ -139,6 +215,10 @@ def _why(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         keys = sorted(k for k in new["inputs"] if (old.get("inputs") or {}).get(k)
                       != new["inputs"][k])
         return f"analysis inputs changed ({', '.join(keys) or 'their set'})"
+    if old.get("extra_dirs") != new["extra_dirs"]:
+        was_x, now_x = old.get("extra_dirs") or {}, new["extra_dirs"]
+        names = sorted(n for n in set(was_x) | set(now_x) if was_x.get(n) != now_x.get(n))
+        return f"a directory the judgement reads changed ({', '.join(names[:3]) or 'set'})"
     was, now = old.get("files") or {}, new["files"]
     for rel in sorted(set(was) | set(now)):
         if rel not in was:
@@ -146,8 +226,9 @@ def _why(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         if rel not in now:
             return f"{rel} was removed"
         if was[rel] != now[rel]:
-            what = [n for n, a, b in zip(("type", "size", "mtime_ns", "sha256"), was[rel],
-                                         now[rel], strict=False) if a != b]
+            what = [n for n, a, b in zip(("type", "size", "mtime_ns", "sha256", "inode",
+                                          "ctime_ns"), was[rel], now[rel], strict=False)
+                    if a != b]
             return f"{rel} changed ({', '.join(what) or 'identity'})"
     return "key differs"
 

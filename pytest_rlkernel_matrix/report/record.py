@@ -33,7 +33,8 @@ CELL_RUN_FILE = "cell-run.json"
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
 ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
 # notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24);
-# 5: the route that ran, from the readback and the route lines (`ran`, issue 32)
+# 5: the route that ran, from the readback and the route lines (`ran`, issue 32);
+# nothing compared is not judged, (rank, call) coverage, strict claims (issue 34)
 SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (

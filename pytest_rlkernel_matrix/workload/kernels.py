@@ -43,6 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import native
+from .identity import R_BACKEND_IDS as R_BACKEND_IDS  # (also read here: env, machine)
+from .identity import R_CONTRACT_VERSION as R_CONTRACT_VERSION
 from .parallel import Group, fixed_order_sum
 from .sampling import FAST_PATHS
 from .weights import AttnInputs, LayerWeights
@@ -57,13 +59,6 @@ MODULES = ("attention", "ffn", "logp")
 # has the three above; comm is this project's extension and needs tensor parallelism (tp >= 2).
 OPTIONAL_MODULES = ("comm",)
 ALL_MODULES = (*MODULES, *OPTIONAL_MODULES)
-R_BACKEND_IDS = {
-    "attention": "rlkernel.attention.deterministic.v1",
-    "ffn": "rlkernel.ffn.qwen3.deterministic.v1",
-    "logp": "rlkernel.linear_logp.bitwise.v1",
-    "comm": "rlkernel.comm.allgather_fixed_order_sum.v1",
-}
-R_CONTRACT_VERSION = "rlk-ref.bitwise.v1"
 FRAMEWORK = {"training": "megatron", "rollout": "vllm"}
 
 

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from .env import SIDES, Env, Route
-from .kernels import R_BACKEND_IDS, R_CONTRACT_VERSION, SideKernels
+from .identity import R_BACKEND_IDS, R_BACKEND_PREFIX, R_CONTRACT_VERSION
+from .kernels import SideKernels
 from .parallel import Grid
 
 TRAINING_SCOPE = "all_exported_parameters"
@@ -75,7 +76,7 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
                   "passed": False, "reason": why} for why in route.unsupported.values()]
     return {
         "framework": fw, "target": route.side, "pid": os.getpid(), "run_id": env.run_id,
-        "mode": env.mode,
+        "mode": env.mode, "runtime_policy": runtime_policy(platform),
         "plan": {"schema_version": "rlkernel.debug_matrix.v1", "cases": plan},
         "installed_hooks": {m: f"pytest_rlkernel_matrix.workload.kernels.{m}"
                             for m in env.modules if m not in native},
@@ -85,6 +86,15 @@ def readback(env: Env, route: Route, kernels: SideKernels, platform: str,
         "capability": {"status": "unsupported" if decisions else "resolved",
                        "capability_decisions": decisions},
     }
+
+
+def runtime_policy(platform: str) -> dict[str, object]:
+    """What the workload's own R is (not RL-Kernel's): its backend ids' prefix, the platform
+    its records report, and Triton, which its GPU R path uses by design."""
+    return {"schema_version": "rlk.runtime_policy.v1",
+            "owner": "pytest-rlkernel-matrix reference workload",
+            "backend_prefix": R_BACKEND_PREFIX, "platform": platform,
+            "triton_allowed": platform in ("cuda", "rocm")}
 
 
 def native_training_logp(env: Env, route: Route) -> set[str]:

@@ -76,6 +76,8 @@ def test_a_missing_cp_shard_is_named(tmp_path: Path) -> None:
     assert rec["reasons"] == [
         f"samples not comparable: call 1, sample {i} (DP rank 0): missing CP shard(s) from cp "
         "rank(s) [1] (got [0] of 0..1)" for i in (0, 1)] + [
+        f"sidecar of rank {r}, call 1 is missing (rank0000{r}.call00000001.pt; every rank "
+        "writes one per call)" for r in (2, 3)] + [
         "also: bitwise contract violated: 13 of 31 active tokens differ by value, 13 in bytes "
         "(max |dlogp| 0.0625)"]
     want = independent_figures(skip=((2, 1),))
