@@ -9,12 +9,12 @@ import json
 import os
 import pickle
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from ptzip import members, rezip
 
 from pytest_rlkernel_matrix.judge import ptread
 from pytest_rlkernel_matrix.judge.ptread import read_pt
@@ -76,24 +76,14 @@ def _refused(raw: bytes, *words: str) -> str:
 
 
 def _members(raw: bytes) -> tuple[str, dict[str, bytes]]:
-    with zipfile.ZipFile(io.BytesIO(raw)) as zf:
-        names = zf.namelist()
-        prefix = names[0].split("/")[0]
-        return prefix, {n.split("/", 1)[1]: zf.read(n) for n in names}
+    items = members(raw)
+    return items[0][0].split("/")[0], {n.split("/", 1)[1]: d for n, d in items}
 
 
-def _rezip(raw: bytes, pkl: bytes | None = None, *, compress: int = zipfile.ZIP_STORED,
+def _rezip(raw: bytes, pkl: bytes | None = None, *, deflate: bool = False,
            extra: dict[str, bytes] | None = None) -> bytes:
-    """The same archive written by Python's zipfile (stored), data.pkl replaced."""
-    prefix, members = _members(raw)
-    if pkl is not None:
-        members["data.pkl"] = pkl
-    members.update(extra or {})
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=compress) as zf:
-        for name, data in members.items():
-            zf.writestr(f"{prefix}/{name}", data)
-    return buf.getvalue()
+    """The same archive in torch's layout (`ptzip.rezip`), data.pkl replaced."""
+    return rezip(raw, pkl, deflate=deflate, extra=extra)
 
 
 def _pkl(raw: bytes) -> bytes:
@@ -318,7 +308,7 @@ def test_unknown_dtypes_records_and_broken_zips_are_refused() -> None:
     _refused(b"not a zip at all, long enough for an end record", "not a zip")
     _refused(b"\0" * 64 + raw, "not a zip")
     _refused(raw + b"trailing", "end record")
-    _refused(_rezip(raw, compress=zipfile.ZIP_DEFLATED), "not laid out as torch")
+    _refused(_rezip(raw, deflate=True), "not laid out as torch")
     _refused(_rezip(raw, extra={"extra.txt": b"x"}), "not a record torch writes")
     _refused(_rezip(raw, extra={"byteorder": b"big"}), "byteorder")
     _refused(_rezip(raw, extra={"version": b"9\n"}), "version")

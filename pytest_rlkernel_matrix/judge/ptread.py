@@ -4,15 +4,17 @@ semantics: a file is read to the values torch gives it, bit for bit, or handed t
 Two layers, neither a parser of our own:
 
 - **the container** is parsed by the standard library's `zipfile`; `_records` then holds it to
-  the layout torch's writer (miniz) gives a file, so that miniz (what torch.load reads with)
-  and `zipfile` cannot see two different archives in it: the end record at the very end,
-  without comment, its zip64 twin (if any) right before it and agreeing with it, the central
-  directory right before those; the entries in directory order tiling the file from byte 0
-  (local header, name, extra, data, torch's data descriptor), stored, flags as torch writes
-  them (0x8 / 0x800 only), no extra field or comment in the directory, local headers agreeing
-  with it; ASCII names of one archive folder, none twice even ignoring case (miniz looks names
-  up ignoring it), each one a record torch writes, the small ones with torch's content. CRCs
-  are not checked: torch's reader does not check them either (tests/test_ptread.py).
+  the layout torch's writer (miniz) gives a file, field for field, so that miniz (what
+  torch.load reads with) and `zipfile` cannot see two different archives in it: the end record
+  at the very end, without comment, torch's zip64 end record and locator right before it and
+  agreeing with it, the central directory right before those, exactly its entries; the entries
+  in directory order tiling the file from byte 0 (local header, name, torch's alignment extra,
+  data, data descriptor); every header field as torch writes it (flags 0x808, stored, no
+  extra or comment in the directory, zero versions, times and attributes), local headers and
+  descriptors agreeing with the directory; printable ASCII names of one archive folder, none
+  twice even ignoring case (miniz looks names up ignoring it), each a record torch writes, the
+  small ones with torch's content. CRCs are not checked: torch's reader checks none either
+  (tests/test_ptread.py), so both read the same bytes.
 - **the pickle** is read by the C unpickler (`pickle.Unpickler`) with `find_class` and
   `persistent_load` restricted to what torch.save writes for plain data and CPU tensors of the
   ten plain dtypes (`torch._utils._rebuild_tensor_v2`, an empty `collections.OrderedDict` as
@@ -61,7 +63,6 @@ _RECORDS = {"byteorder": b"little", "version": b"3\n", ".data/version": b"3\n",
 _KEY = re.compile(r"data/[0-9]{1,12}\Z")
 _NAME = re.compile(r"[!-~]+\Z")  # printable ASCII, no space
 _DESCRIPTOR = struct.Struct("<4s3I")  # the data descriptor torch writes after each record
-_FLAGS = (0x8, 0x808, 0x0, 0x800)  # data descriptor, UTF-8 names: nothing else
 
 
 class Unsupported(Exception):
@@ -83,41 +84,42 @@ def _records(raw: bytes) -> dict[str, memoryview]:
      comment) = struct.unpack_from(zipfile.structEndArchive, raw, end)
     if sig != zipfile.stringEndArchive or disk or disk_cd or here != total or comment:
         raise Unsupported("zip end record is not a single-disk one without comment at the end")
-    cd_end = end
     loc_at = end - zipfile.sizeEndCentDir64Locator
-    if loc_at >= 0 and raw.startswith(zipfile.stringEndArchive64Locator, loc_at):
-        cd_end = loc_at - zipfile.sizeEndCentDir64
-        loc = struct.unpack_from(zipfile.structEndArchive64Locator, raw, loc_at)
-        z64 = struct.unpack_from(zipfile.structEndArchive64, raw, max(cd_end, 0))
-        if (cd_end < 0 or loc[1:] != (0, cd_end, 1) or z64[0] != zipfile.stringEndArchive64
-                or z64[1] != zipfile.sizeEndCentDir64 - 12
-                or z64[4:] != (0, 0, here, total, cd_size, cd_off)):
-            raise Unsupported("zip64 end records disagree with the end record")
+    cd_end = loc_at - zipfile.sizeEndCentDir64  # torch's writer always writes zip64 records
+    if cd_end < 0:
+        raise Unsupported("zip too short for torch's end records")
+    loc = struct.unpack_from(zipfile.structEndArchive64Locator, raw, loc_at)
+    z64 = struct.unpack_from(zipfile.structEndArchive64, raw, cd_end)
+    if (loc != (zipfile.stringEndArchive64Locator, 0, cd_end, 1)
+            or z64 != (zipfile.stringEndArchive64, zipfile.sizeEndCentDir64 - 12, 0x31E, 45, 0, 0,
+                       here, total, cd_size, cd_off)):
+        raise Unsupported("zip64 end records are not torch's, or disagree with the end record")
     if cd_off + cd_size != cd_end or len(infos) != total:
         raise Unsupported("zip central directory is not right before its end records")
     records: dict[str, memoryview] = {}
     lower: set[str] = set()
-    view, pos, folder = memoryview(raw), 0, None
-    for info in infos:
-        name, size = info.orig_filename, info.file_size
-        if (info.header_offset != pos or info.flag_bits not in _FLAGS or info.compress_type
-                or info.compress_size != size or info.extra or info.comment or info.volume
-                or not _NAME.match(name)):
+    view, pos, at, folder = memoryview(raw), 0, cd_off, None
+    for info in infos:  # each entry's central and local header: torch's, field for field
+        name, size, crc = info.orig_filename, info.file_size, info.CRC
+        if not _NAME.match(name):
+            raise Unsupported(f"zip entry {name[:80]!r}: not a printable ASCII name")
+        name_b = name.encode()
+        central = struct.unpack_from(zipfile.structCentralDir, raw, at)
+        local = struct.unpack_from(zipfile.structFileHeader, raw, pos)
+        start = pos + zipfile.sizeFileHeader + len(name_b) + local[-1]
+        flags = 0x800 if size == 0 else 0x808  # an empty record has no data descriptor
+        if (central != (zipfile.stringCentralDir, 0, 0, 0, 0, flags, 0, 0, 0, crc, size, size,
+                        len(name_b), 0, 0, 0, 0, 0, pos)
+                or raw[at + zipfile.sizeCentralDir:at + zipfile.sizeCentralDir + len(name_b)]
+                != name_b
+                or local[:-1] != (zipfile.stringFileHeader, 0, 0, flags, 0, 0, 0, 0, 0, 0,
+                                  len(name_b))
+                or raw[pos + zipfile.sizeFileHeader:start - local[-1]] != name_b
+                or (size and _DESCRIPTOR.unpack_from(raw, start + size) != (
+                    b"PK\x07\x08", crc, size, size))):
             raise Unsupported(f"zip entry {name[:80]!r} is not laid out as torch writes it")
-        (lsig, _, _, lflags, lmethod, _, _, lcrc, lcsize, lsize, nlen,
-         xlen) = struct.unpack_from(zipfile.structFileHeader, raw, pos)
-        start = pos + zipfile.sizeFileHeader + nlen + xlen
-        pos = start + size
-        if info.flag_bits & 0x8:
-            if (lcrc, lcsize, lsize) not in ((0, 0, 0), (info.CRC, size, size)) or (
-                    _DESCRIPTOR.unpack_from(raw, pos) != (b"PK\x07\x08", info.CRC, size, size)):
-                raise Unsupported(f"zip entry {name[:80]!r}: data descriptor is not torch's")
-            pos += _DESCRIPTOR.size
-        elif (lcrc, lcsize, lsize) != (info.CRC, size, size):
-            raise Unsupported(f"zip entry {name[:80]!r}: local sizes disagree")
-        if (lsig != zipfile.stringFileHeader or lflags != info.flag_bits or lmethod
-                or raw[start - xlen - nlen:start - xlen] != name.encode() or pos > cd_off):
-            raise Unsupported(f"zip entry {name[:80]!r}: local header disagrees")
+        at += zipfile.sizeCentralDir + len(name_b)
+        pos = start + size + (_DESCRIPTOR.size if size else 0)
         head, _, inner = name.partition("/")
         folder = head if folder is None else folder
         if head != folder or not (_KEY.match(inner) or inner in _RECORDS or inner == "data.pkl"):
@@ -126,6 +128,8 @@ def _records(raw: bytes) -> dict[str, memoryview]:
             raise Unsupported(f"zip entry {name[:80]!r} twice (miniz ignores case)")
         lower.add(name.lower())
         records[inner] = view[start:start + size]
+    if at != cd_end:
+        raise Unsupported("zip central directory holds more than its entries")
     if pos != cd_off:
         raise Unsupported("zip has bytes between its records and its central directory")
     for inner, want in _RECORDS.items():
