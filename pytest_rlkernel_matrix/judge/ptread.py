@@ -35,6 +35,7 @@ arrays (bfloat16 widened exactly) without torch. docs/benchmarks.md has the meas
 from __future__ import annotations
 
 import collections
+import gc
 import io
 import pickle
 import re
@@ -91,9 +92,13 @@ def _records(raw: bytes) -> dict[str, memoryview]:
     loc = struct.unpack_from(zipfile.structEndArchive64Locator, raw, loc_at)
     z64 = struct.unpack_from(zipfile.structEndArchive64, raw, cd_end)
     if (loc != (zipfile.stringEndArchive64Locator, 0, cd_end, 1)
-            or z64 != (zipfile.stringEndArchive64, zipfile.sizeEndCentDir64 - 12, 0x31E, 45, 0, 0,
-                       here, total, cd_size, cd_off)):
+            or z64[:6] != (zipfile.stringEndArchive64, zipfile.sizeEndCentDir64 - 12, 0x31E, 45,
+                           0, 0) or z64[6] != z64[7]
+            or any(classic != min(full, big) for classic, full, big in (
+                (here, z64[6], 0xFFFF), (cd_size, z64[8], 0xFFFFFFFF),
+                (cd_off, z64[9], 0xFFFFFFFF)))):  # (the classic fields or, past them, their max)
         raise Unsupported("zip64 end records are not torch's, or disagree with the end record")
+    total, cd_size, cd_off = z64[7:]  # what miniz and zipfile read
     if cd_off + cd_size != cd_end or len(infos) != total:
         raise Unsupported("zip central directory is not right before its end records")
     records: dict[str, memoryview] = {}
@@ -410,6 +415,8 @@ def load(raw: bytes, name: str = "<bytes>", *, arrays: str = "torch") -> Any:
     ``arrays="numpy"``: each tensor a read-only numpy array instead; torch is not imported."""
     if arrays not in ("torch", "numpy"):
         raise ValueError(f"arrays={arrays!r}: 'torch' or 'numpy'")
+    collecting = gc.isenabled()
+    gc.disable()  # (a file of N records makes O(N) objects: collections in between cost O(N^2))
     try:
         if sys.byteorder != "little":
             raise Unsupported("this machine is big-endian (torch swaps bytes, this reader not)")
@@ -428,6 +435,9 @@ def load(raw: bytes, name: str = "<bytes>", *, arrays: str = "torch") -> Any:
             AttributeError, struct.error, RecursionError, OverflowError, MemoryError,
             UnicodeDecodeError, RuntimeError) as exc:
         raise Unsupported(f"{name}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 # -- the calls ----------------------------------------------------------------------------------
