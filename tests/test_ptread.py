@@ -309,7 +309,7 @@ def test_unknown_dtypes_records_and_broken_zips_are_refused() -> None:
     _refused(b"\0" * 64 + raw, "not a zip")
     _refused(raw + b"trailing", "end record")
     _refused(_rezip(raw, deflate=True), "not laid out as torch")
-    _refused(_rezip(raw, extra={"extra.txt": b"x"}), "not a record torch writes")
+    _refused(_rezip(raw, extra={"extra.txt": b"x"}), "not records torch writes")
     _refused(_rezip(raw, extra={"byteorder": b"big"}), "byteorder")
     _refused(_rezip(raw, extra={"version": b"9\n"}), "version")
     _, members = _members(raw)

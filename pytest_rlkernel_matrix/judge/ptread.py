@@ -61,8 +61,11 @@ _STORAGES = {
 # the records torch writes besides data.pkl and data/<key>, with the only content accepted
 _RECORDS = {"byteorder": b"little", "version": b"3\n", ".data/version": b"3\n",
             ".format_version": b"1", ".storage_alignment": b"64", ".data/serialization_id": None}
-_KEY = re.compile(r"data/[0-9]{1,12}\Z")
-_NAME = re.compile(r"[!-~]+\Z")  # printable ASCII, no space
+_FOLDER = re.compile(r"[!-.0-~]+\Z")  # printable ASCII, no space, no "/"
+_INNERS = re.compile(r"(?:(?:data/[0-9]{{1,12}}|data\.pkl|{})\n)*\Z".format("|".join(
+    map(re.escape, _RECORDS))))
+_LOCAL = struct.Struct(zipfile.structFileHeader)
+_CENTRAL = struct.Struct(zipfile.structCentralDir)
 _DESCRIPTOR = struct.Struct("<4s3I")  # the data descriptor torch writes after each record
 
 
@@ -101,42 +104,33 @@ def _records(raw: bytes) -> dict[str, memoryview]:
     total, cd_size, cd_off = z64[7:]  # what miniz and zipfile read
     if cd_off + cd_size != cd_end or len(infos) != total:
         raise Unsupported("zip central directory is not right before its end records")
+    names = [info.orig_filename for info in infos]
+    folder = names[0].partition("/")[0] if names else ""
+    inners = [name[len(folder) + 1:] for name in names]
+    if (not _FOLDER.match(folder) or not all(name.startswith(folder + "/") for name in names)
+            or not _INNERS.match("\n".join(inners) + "\n")):
+        raise Unsupported("zip entries are not records torch writes, in one archive folder")
+    if len({name.lower() for name in names}) != len(names):
+        raise Unsupported("zip entry names twice (miniz ignores their case)")
     records: dict[str, memoryview] = {}
-    lower: set[str] = set()
-    view, pos, at, folder = memoryview(raw), 0, cd_off, None
-    for info in infos:  # each entry's central and local header: torch's, field for field
-        name, size, crc = info.orig_filename, info.file_size, info.CRC
-        if not _NAME.match(name):
-            raise Unsupported(f"zip entry {name[:80]!r}: not a printable ASCII name")
-        name_b = name.encode()
-        central = struct.unpack_from(zipfile.structCentralDir, raw, at)
-        local = struct.unpack_from(zipfile.structFileHeader, raw, pos)
-        start = pos + zipfile.sizeFileHeader + len(name_b) + local[-1]
-        flags = 0x800 if size == 0 else 0x808  # an empty record has no data descriptor
-        if (central != (zipfile.stringCentralDir, 0, 0, 0, 0, flags, 0, 0, 0, crc, size, size,
-                        len(name_b), 0, 0, 0, 0, 0, pos)
-                or raw[at + zipfile.sizeCentralDir:at + zipfile.sizeCentralDir + len(name_b)]
-                != name_b
-                or local[:-1] != (zipfile.stringFileHeader, 0, 0, flags, 0, 0, 0, 0, 0, 0,
-                                  len(name_b))
-                or raw[pos + zipfile.sizeFileHeader:start - local[-1]] != name_b
-                or (size and _DESCRIPTOR.unpack_from(raw, start + size) != (
-                    b"PK\x07\x08", crc, size, size))):
+    view, pos, central = memoryview(raw), 0, []
+    for info, inner in zip(infos, inners, strict=True):  # each header: torch's, field for field
+        size, crc, name = info.file_size, info.CRC, info.orig_filename.encode()
+        flags = 0x808 if size else 0x800  # an empty record has no data descriptor
+        xlen = int.from_bytes(raw[pos + 28:pos + 30], "little")  # (torch's alignment padding)
+        start = pos + zipfile.sizeFileHeader + len(name) + xlen
+        if not (raw.startswith(_LOCAL.pack(zipfile.stringFileHeader, 0, 0, flags, 0, 0, 0, 0, 0,
+                                           0, len(name), xlen) + name, pos)
+                and (not size or raw.startswith(_DESCRIPTOR.pack(b"PK\x07\x08", crc, size,
+                                                                 size), start + size))):
             raise Unsupported(f"zip entry {name[:80]!r} is not laid out as torch writes it")
-        at += zipfile.sizeCentralDir + len(name_b)
-        pos = start + size + (_DESCRIPTOR.size if size else 0)
-        head, _, inner = name.partition("/")
-        folder = head if folder is None else folder
-        if head != folder or not (_KEY.match(inner) or inner in _RECORDS or inner == "data.pkl"):
-            raise Unsupported(f"zip entry {name[:80]!r} is not a record torch writes")
-        if name.lower() in lower:
-            raise Unsupported(f"zip entry {name[:80]!r} twice (miniz ignores case)")
-        lower.add(name.lower())
+        central.append(_CENTRAL.pack(zipfile.stringCentralDir, 0, 0, 0, 0, flags, 0, 0, 0, crc,
+                                     size, size, len(name), 0, 0, 0, 0, 0, pos) + name)
         records[inner] = view[start:start + size]
-    if at != cd_end:
-        raise Unsupported("zip central directory holds more than its entries")
-    if pos != cd_off:
-        raise Unsupported("zip has bytes between its records and its central directory")
+        pos = start + size + (_DESCRIPTOR.size if size else 0)
+    if pos != cd_off or raw[cd_off:cd_end] != b"".join(central):
+        raise Unsupported("zip central directory is not torch's for these records, or bytes lie "
+                          "between them")
     for inner, want in _RECORDS.items():
         if want is not None and inner in records and records[inner] != want:
             raise Unsupported(f"zip record {inner!r} is not {want!r}")
@@ -201,6 +195,20 @@ def _ints(value: Any) -> bool:
 
 
 def _rebuild_tensor_v2(*args: Any) -> _Tensor:
+    if len(args) == 6:  # a 1-d tensor inside its storage, the common case, sooner
+        storage, offset, size, stride, requires_grad, hooks = args
+        if (type(storage) is _Storage and type(offset) is int and type(size) is tuple
+                and type(stride) is tuple and len(size) == 1 and len(stride) == 1
+                and requires_grad is False and type(hooks) is _Hooks):
+            n, step = size[0], stride[0]
+            if (type(n) is int and type(step) is int and 0 < n < _INT_LIMIT
+                    and 0 <= step < _INT_LIMIT and offset >= 0
+                    and offset + (n - 1) * step < len(storage.data) // storage.kind.itemsize):
+                return _Tensor(args)
+    return _rebuild_checked(*args)
+
+
+def _rebuild_checked(*args: Any) -> _Tensor:
     if len(args) != 6:
         raise Unsupported(f"_rebuild_tensor_v2 with {len(args)} arguments (6 read here)")
     storage, offset, size, stride, requires_grad, hooks = args
