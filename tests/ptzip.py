@@ -66,7 +66,9 @@ def write(entries: list[dict[str, Any]], *, zip64: bool = True, prepend: bytes =
         out += struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 798, 45, 0, 0, n, n, cd_size,
                            cd_off)
         out += struct.pack("<4sLQL", b"PK\x06\x07", 0, z64, 1)
-    out += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, n, n, cd_size, cd_off, len(comment))
+    classic = min(n, 0xFFFF) if zip64 else n  # past 65,535 entries: the maximum, as miniz
+    out += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, classic, classic, cd_size, cd_off,
+                       len(comment))
     return bytes(out + comment)
 
 

@@ -266,6 +266,19 @@ def _deflated(i: int) -> bytes:
     return bytes(raw)
 
 
+def test_more_than_65535_records_zip64_counts() -> None:
+    """Past 65,535 entries the end record holds the maximum and the zip64 one the count, as
+    torch writes them (a probe file of 100,000 operators): read, to torch's values; the same
+    file with a classic count that is not the maximum: refused."""
+    entries = _entries(RAW)
+    entries += [_entry(f"archive/data/{i}", b"") for i in range(100, 100 + 65_600)]
+    raw = _write(entries)
+    assert _agree(raw)[:2] == (True, True)
+    end = len(raw) - 22
+    wrong = raw[:end + 8] + struct.pack("<2H", 65_000, 65_000) + raw[end + 12:]
+    assert not _agree(wrong)[0]
+
+
 @pytest.mark.parametrize("name", list(_cases()))
 def test_structure_level_container_mutations(name: str) -> None:
     raw = _cases()[name]
