@@ -410,7 +410,7 @@ def _scan_one_by_one(pkl: bytes) -> str | None:
                    "writes for plain data and tensors"
         i += 1
         if size > 0:
-            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= n:
+            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= max(n, 1 << 16):
                 return f"data.pkl memo index at {i - 1} past the stream's size"
             i += size
         elif size == -4:

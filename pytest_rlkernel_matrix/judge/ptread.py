@@ -290,18 +290,20 @@ _OPCODES: dict[int, int] = {
     ord("X"): -4, 0x8A: -1, ord("c"): -2,
 }
 _ARGS = [_OPCODES.get(op) for op in range(256)]
-# Runs of fixed-size opcodes other than STOP and LONG_BINPUT, and BINUNICODEs shorter than 256
-# bytes, skipped in C; `_scan` steps through the rest.
+# Runs of fixed-size opcodes other than STOP, LONG_BINPUTs below 65,536 (a memo table of at
+# most 1 MiB) and BINUNICODEs shorter than 256 bytes, skipped in C; `_scan` steps through the
+# rest.
 _FIXED = re.compile(b"(?:" + b"|".join(
     b"[" + re.escape(bytes(ops)) + b"]" + (b".{%d}" % size if size else b"")
     for size in (0, 1, 2, 4, 8)
     if (ops := [op for op, n in _OPCODES.items() if n == size and op not in (0x2E, 0x72)])
 ) + b"|X(?:" + b"|".join(re.escape(bytes([n, 0, 0, 0])) + (b".{%d}" % n if n else b"")
-                         for n in range(256)) + b"))*", re.DOTALL)
+                         for n in range(256)) + b")|r..\0\0)*", re.DOTALL)
 
 
 def _scan(pkl: bytes) -> None:
-    """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past the stream's size."""
+    """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past 65,536 and the stream's
+    size (no stream needs them; the C unpickler would first allocate a table that large)."""
     i, n, args, skip = 0, len(pkl), _ARGS, _FIXED.match
     while i < n:
         i = skip(pkl, i).end()
@@ -314,7 +316,7 @@ def _scan(pkl: bytes) -> None:
                               "pickler writes for plain data and tensors")
         i += 1
         if size > 0:
-            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= n:
+            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= max(n, 1 << 16):
                 raise Unsupported(f"data.pkl memo index at {i - 1} past the stream's size")
             i += size
         elif size == -4:
@@ -381,21 +383,19 @@ def _numpy(bases: dict[str, Any]) -> Any:
 
     def tensor(t: _Tensor) -> Any:
         st, offset, size, stride = t.args[:4]
-        base = bases.get(st.pid[2])
-        if base is None:
-            if st.kind.numpy is not None:
-                base = np.frombuffer(st.data, dtype=st.kind.numpy)
-            elif st.kind.dtype == "bfloat16":
-                base = (np.frombuffer(st.data, "<u2").astype(np.uint32) << 16).view(np.float32)
-                base.flags.writeable = False
-            else:
-                raise Unsupported(f"{st.kind.dtype} tensors are read the torch way")
-            bases[st.pid[2]] = base
-        if stride == (1,):
-            return base if offset == 0 and size[0] == base.size else base[offset:offset + size[0]]
-        return np.lib.stride_tricks.as_strided(
-            base[offset:], shape=size, strides=tuple(s * base.itemsize for s in stride),
-            writeable=False)
+        kind, buffer = st.kind, st.data
+        if kind.numpy is None:
+            if kind.dtype != "bfloat16":
+                raise Unsupported(f"{kind.dtype} tensors are read the torch way")
+            buffer = bases.get(st.pid[2])
+            if buffer is None:
+                buffer = (np.frombuffer(st.data, "<u2").astype(np.uint32) << 16).view(np.float32)
+                buffer.flags.writeable = False
+                bases[st.pid[2]] = buffer
+        item = 4 if kind.numpy is None else kind.itemsize
+        return np.ndarray(size, kind.numpy or "<f4", buffer, offset * item,
+                          (stride[0] * item,) if len(stride) == 1 else tuple(
+                              s * item for s in stride))
     return tensor
 
 
