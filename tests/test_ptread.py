@@ -275,14 +275,38 @@ def test_a_memo_index_that_would_make_the_c_unpickler_allocate_gigabytes_is_refu
         ptread.load(raw, "big-memo.pt")
 
 
+class _Persid:
+    def __init__(self, pid: tuple[Any, ...]) -> None:
+        self.pid = pid
+
+
+class _Rebuild:
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ptread._rebuild_tensor_v2, self.args)
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        return obj.pid if type(obj) is _Persid else None
+
+
 def _one_tensor(offset: int, size: tuple[int, ...], stride: tuple[int, ...],
                 numel: int = 8, kind: str = "FloatStorage") -> bytes:
-    """A canonical data.pkl (what torch.save's pickler would write) of one tensor with the
-    given geometry: made by the reader's own canonical writer, so only its checks refuse."""
-    st = ptread._Storage(("storage", ptread._TYPES[kind], "0", "cpu", numel),
-                         ptread._TYPES[kind], memoryview(b""))
-    t = ptread._Tensor((st, offset, size, stride, False, ptread._Hooks()))
-    return ptread._canonical({"t": t})
+    """A data.pkl as torch.save's pickler would write it for one tensor of the given geometry
+    (Python's pickler, protocol 2, the reader's globals renamed as torch's): only the reader's
+    checks refuse it."""
+    pid = ("storage", ptread._TYPES[kind], "0", "cpu", numel)
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=2).dump({"t": _Rebuild(_Persid(pid), offset, size, stride, False,
+                                                  ptread._Hooks())})
+    mod = b"c" + ptread.__name__.encode() + b"\n"
+    return (buf.getvalue().replace(mod + b"_rebuild_tensor_v2\n",
+                                   b"ctorch._utils\n_rebuild_tensor_v2\n")
+            .replace(mod + b"OrderedDict\n", b"ccollections\nOrderedDict\n")
+            .replace(mod, b"ctorch\n"))
 
 
 def test_storage_geometry_outside_the_storage_is_refused() -> None:

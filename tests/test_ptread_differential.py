@@ -407,6 +407,14 @@ HOSTILE = {
     + b".",
     "stride of 2**63 on an empty tensor": b"\x80\x02" + _tensor(
         size=b"K\x00\x85", stride=b"\x8a\x09" + b"\x00" * 7 + b"\x80\x00\x85") + b".",
+    "a persistent id's tuple again by BINGET, as a storage": b"\x80\x02" + _tensor(
+        pid=_pid()[:-1] + b"q\x05Q") + _tensor(pid=b"h\x05") + b"\x86.",
+    "a persistent id's tuple again by BINGET, as a value": b"\x80\x02" + _tensor(
+        pid=_pid()[:-1] + b"q\x05Q") + b"h\x05\x86.",
+    "a BINPERSID's storage memoised, two tensors on it": b"\x80\x02" + _tensor(
+        pid=_pid() + b"q\x06") + _tensor(pid=b"h\x06") + b"\x86.",
+    "one persistent id, two BINPERSIDs": b"\x80\x02" + _tensor(
+        pid=_pid()[:-1] + b"q\x05Q") + _tensor(pid=b"h\x05Q") + b"\x86.",
     "a tensor as a dict key": b"\x80\x02}" + _tensor() + b"K\x01s.",
     "a list holding itself": b"\x80\x02]q\x00h\x00a.",
     "a storage type as a value": b"\x80\x02" + FLOAT + b".",
