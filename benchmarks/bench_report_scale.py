@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -77,39 +78,92 @@ def _audit(version: str, scope: str, seed: int) -> dict[str, Any]:
             "tensor_count": len(tensors), "tensors": tensors}
 
 
-def _cell(dst: Path, module: str, case: str, seed: int, calls: int) -> int:
+def _cell(dst: Path, module: str, case: str, seed: int, calls: int, vary: bool = False,
+          samples: int = SAMPLES) -> list[int]:
+    """One run directory's sidecars and weight audits. ``vary``: RL-Kernel's real shape, every
+    sample of every call its own prompt (100-1,000 tokens) and response (500-2,500 tokens)
+    length, and its loss mask zero on the first tokens and on one to three other spans (tool
+    outputs, truncations); else `RESPONSE` tokens everywhere, the first `MASKED` masked."""
+    import numpy as np
     import torch
 
-    total = PROMPT + RESPONSE
-    keeps = [torch.from_numpy(_zigzag(total, RESPONSE, r)) for r in range(CP)]
     gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
     side = dst / "mismatch-sidecars"
     side.mkdir(parents=True)
     (dst / "weight-audit" / "rollout").mkdir(parents=True, exist_ok=True)
-    active = 0
+    actives = []
     for call in range(calls):
-        full_t = [-torch.rand(RESPONSE, generator=gen) * 5 for _ in range(SAMPLES)]
-        full_r = [t.clone() if case == "R/R" else t + 1e-3 * torch.randn(RESPONSE, generator=gen)
+        active = 0
+        if vary:
+            responses = rng.integers(500, 2_501, samples).tolist()
+            prompts = rng.integers(100, 1_001, samples).tolist()
+        else:
+            responses, prompts = [RESPONSE] * samples, [PROMPT] * samples
+        full_t = [-torch.rand(n, generator=gen) * 5 for n in responses]
+        full_r = [t.clone() if case == "R/R" else t + 1e-3 * torch.randn(t.numel(), generator=gen)
                   for t in full_t]
-        mask = torch.ones(RESPONSE)
-        mask[:MASKED] = 0
-        active += SAMPLES * (RESPONSE - MASKED)
+        masks = []
+        for n in responses:
+            mask = torch.ones(n)
+            mask[:MASKED] = 0
+            if vary:
+                for _ in range(int(rng.integers(1, 4))):
+                    lo = int(rng.integers(MASKED, n - 10))
+                    mask[lo:lo + int(rng.integers(5, max(6, n // 8)))] = 0
+            masks.append(mask)
+            active += int(mask.sum())
+        totals = [p + n for p, n in zip(prompts, responses, strict=True)]
+        keeps = [[torch.from_numpy(_zigzag(tot, n, r)) for tot, n in zip(totals, responses,
+                                                                         strict=True)]
+                 for r in range(CP)]
         for rank in range(TP * CP):
             keep = keeps[(rank // TP) % CP]
             torch.save({
                 "schema_version": SCHEMA, "rank": rank, "call_index": call,
                 "tensor_parallel_size": TP, "context_parallel_size": CP,
-                "train_log_probs": [t[keep].clone() for t in full_t],
-                "rollout_log_probs": [r[keep].clone() for r in full_r],
-                "loss_masks": [mask.clone() for _ in full_t],  # the full mask (RL-Kernel)
-                "total_lengths": [total] * SAMPLES, "response_lengths": [RESPONSE] * SAMPLES,
+                "train_log_probs": [t[k].clone() for t, k in zip(full_t, keep, strict=True)],
+                "rollout_log_probs": [r[k].clone() for r, k in zip(full_r, keep, strict=True)],
+                "loss_masks": [m.clone() for m in masks],  # the full mask (RL-Kernel)
+                "total_lengths": totals, "response_lengths": responses,
             }, side / f"rank{rank:05d}.call{call:08d}.pt")
         version = str(call)
         train = _audit(version, "all_exported_parameters", seed)
         (dst / "weight-audit" / f"{version}.json").write_text(json.dumps(train))
         roll = dict(train, scope="rollout_loaded_parameters")
         (dst / "weight-audit" / "rollout" / f"{version}.json").write_text(json.dumps(roll))
-    return active
+        actives.append(active)
+    return actives
+
+
+_NUMBERED = re.compile(r"^(rollout|step|perf) (\d+): ")
+
+
+def _steps(dst: Path, actives: list[int], samples: int) -> None:
+    """run.log's `rollout/step/perf N` records and manifest.json's batch as the sidecars make
+    them (one step per call, the example's records repeated): each step's per-sample
+    `train_current_rollout_logprob_numel` x `global_batch_size` is that call's active tokens,
+    `num_rollout` x `global_batch_size` the samples (the cross-checks RL-Kernel's validator
+    makes: `judge/crosscheck.py`)."""
+    lines = (dst / "run.log").read_text().splitlines()
+    head = [ln for ln in lines if not _NUMBERED.match(ln)]
+    by_step: dict[int, list[str]] = {}
+    for ln in lines:
+        if (m := _NUMBERED.match(ln)):
+            by_step.setdefault(int(m.group(2)), []).append(ln)
+    out = list(head)
+    for call, active in enumerate(actives):
+        for ln in by_step[call % len(by_step)]:
+            ln = _NUMBERED.sub(lambda m, c=call: f"{m.group(1)} {c}: ", ln)
+            if ln.startswith("step "):
+                ln = re.sub(r"('train/train_current_rollout_logprob_numel': )[0-9.e+-]+",
+                            lambda m, a=active: f"{m.group(1)}{a / samples!r}", ln)
+            out.append(ln)
+    (dst / "run.log").write_text("\n".join(out) + "\n")
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["num_rollout"] = len(actives)
+    manifest["batching"]["global_batch_size"] = samples
+    (dst / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
 def _readbacks(src: Path, dst: Path) -> None:
@@ -141,9 +195,10 @@ def example_files(src: Path, dst: Path, module: str, case: str) -> None:
             log.write(f"rlkernel mismatch sidecar active: logp_case={case}\n")
 
 
-def build_root(root: Path, scale: float) -> int:
+def build_root(root: Path, scale: float, vary: bool = False, samples: int = SAMPLES,
+               calls_per_rank: int = CALLS) -> int:
     """12 run directories under `root/cpu` (no matrix-report.json: the report globs them)."""
-    calls = max(1, round(CALLS * scale))
+    calls = max(1, round(calls_per_rank * scale))
     active = 0
     for i, (module, case) in enumerate((m, c) for m in MODULES for c in CASES):
         slug = _slug(module, case)
@@ -157,7 +212,9 @@ def build_root(root: Path, scale: float) -> int:
         meta["artifact_dir"] = f"cpu/{slug}"
         # the run id stays the copied run's: its manifest and readbacks name it
         (dst / "cell-run.json").write_text(json.dumps(meta, indent=2))
-        active += _cell(dst, module, case, seed=i, calls=calls)
+        actives = _cell(dst, module, case, seed=i, calls=calls, vary=vary, samples=samples)
+        _steps(dst, actives, samples)
+        active += sum(actives)
     return active
 
 
@@ -176,8 +233,57 @@ def measure(root: Path, args: list[str]) -> None:
                       "heavy_modules": sorted(m for m in ("torch", "numpy") if m in sys.modules)}))
 
 
-def _child(root: Path, args: list[str], package: Path | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--measure", str(root), "--", *args]
+def read_all(root: Path, reader: str) -> None:
+    """Child: every sidecar under `root` read in this fresh process, by `torch.load(path,
+    weights_only=True)` (what upstream's validator does) or by `judge.ptread` (the bytes through
+    `store.safeio`, then `load_arrays`, what the analysis does; torch.load where it declines);
+    torch or numpy imported inside the timing. One JSON line of figures."""
+    start, cpu0 = time.perf_counter(), time.process_time()
+    files = sorted(root.rglob("mismatch-sidecars/*.pt"))
+    if reader == "torch.load":
+        import torch
+
+        for path in files:
+            torch.load(path, map_location="cpu", weights_only=True)
+        declined = 0
+    else:
+        from pytest_rlkernel_matrix.judge import ptread
+        from pytest_rlkernel_matrix.store.safeio import read_bytes
+
+        declined = sum(ptread.load_arrays(read_bytes(path, root, 2**31), path.name) is None
+                       for path in files)
+    print(json.dumps({"wall_s": time.perf_counter() - start,
+                      "cpu_s": time.process_time() - cpu0, "files": len(files),
+                      "declined": declined,
+                      "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+
+
+def profile(root: Path) -> None:
+    """Child: a sequential report without cache under cProfile; the top of it, by own time and
+    by cumulative time, as one JSON line ({"text": ...})."""
+    import cProfile
+    import io
+    import pstats
+
+    from pytest_rlkernel_matrix import cli
+
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.runcall(cli.main, ["report", str(root), "--no-cache", "--jobs", "1"])
+    wall = time.perf_counter() - start
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    text = re.sub(r"/\S*/(pytest_rlkernel_matrix|site-packages|python3\.\d+)/", r"\1/",
+                  out.getvalue())
+    print(json.dumps({"text": f"profile of a sequential report, no cache, under cProfile: "
+                              f"{wall:.1f} s wall (the profiler's own cost included)\n{text}"}))
+
+
+def _child(root: Path, args: list[str], package: Path | None = None,
+           mode: str = "--measure") -> dict[str, Any]:
+    cmd = [sys.executable, __file__, mode, str(root), "--", *args]
     env = dict(os.environ)
     if package is not None:  # another version's `pytest_rlkernel_matrix` first on the path
         env["PYTHONPATH"] = os.pathsep.join([str(package), *filter(None, [
@@ -204,21 +310,38 @@ def main() -> int:
                     "archive <rev> pytest_rlkernel_matrix | tar -x -C DIR`), first")
     ap.add_argument("--reuse", action="store_true",
                     help="measure the root given by --root as it is (no build)")
+    ap.add_argument("--vary", action="store_true",
+                    help="RL-Kernel's real shape: lengths that vary per sample and call "
+                    "(500-2,500 response tokens), masked spans (see `_cell`)")
+    ap.add_argument("--samples", type=int, default=SAMPLES, help="samples per call")
+    ap.add_argument("--calls", type=int, default=CALLS, help="calls per rank at --scale 1")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile a sequential report (`--no-cache --jobs 1`, cProfile)")
     ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--read", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--profile-child", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--build", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
         measure(args.measure, args.rest)
         return 0
+    if args.read:
+        read_all(args.read, args.rest[0])
+        return 0
+    if args.profile_child:
+        profile(args.profile_child)
+        return 0
     if args.build:
-        print(build_root(args.build, args.scale))
+        print(build_root(args.build, args.scale, args.vary, args.samples, args.calls))
         return 0
     root = args.root or Path(tempfile.mkdtemp(prefix="rlk-bench-scale-")) / "matrix"
     start = time.perf_counter()
     if not (args.reuse and args.root is not None and (root / "cpu").is_dir()):
         built = subprocess.run([sys.executable, __file__, "--build", str(root), "--scale",
-                                str(args.scale)], check=True, capture_output=True, text=True)
+                                str(args.scale), "--samples", str(args.samples), "--calls",
+                                str(args.calls), *(["--vary"] if args.vary else [])],
+                               check=True, capture_output=True, text=True)
         active = f"{int(built.stdout.split()[-1]):,} active tokens"
     else:
         active = "reused"
@@ -226,7 +349,9 @@ def main() -> int:
     disk = sum(p.stat().st_size for p in files)
     cpus = len(os.sched_getaffinity(0))
     print(f"root: 12 cells, tp {TP} x cp {CP}, {len(files) // 12 // (TP * CP)} calls per rank, "
-          f"{len(files):,} sidecars ({disk / 2**20:.0f} MiB), {active}, "
+          f"{args.samples} samples per call, "
+          f"{'lengths varying per sample and call, masked spans' if args.vary else 'one length'}"
+          f", {len(files):,} sidecars ({disk / 2**20:.0f} MiB), {active}, "
           f"{time.perf_counter() - start:.0f}s; {cpus} CPUs in this process's affinity; "
           f"load average {os.getloadavg()[0]:.1f}")
     jobs = [] if args.jobs is None else ["--jobs", str(args.jobs)]
@@ -243,7 +368,13 @@ def main() -> int:
         rows.append(("one changed cell (a sidecar touched)", _child(root, jobs, package)))
         return rows
 
+    def reads() -> list[tuple[str, dict[str, Any]]]:
+        """Every sidecar read in a fresh process, each reader twice, alternating."""
+        return [(reader, _child(root, [reader], mode="--read"))
+                for _ in range(2) for reader in ("torch.load", "ptread")]
+
     try:
+        read_rows = reads()
         variants = ([("baseline", runs(args.baseline))] if args.baseline else []) + [
             ("this checkout", runs(None))]
         report = json.loads((root / "matrix-report.json").read_text())
@@ -266,6 +397,23 @@ def main() -> int:
                       f"{tokens / r['wall_s'] / 1e6:.2f}M | {r['maxrss_kib'] / 1024:.0f} / "
                       f"{r['worker_maxrss_kib'] / 1024:.0f} | {base / r['wall_s']:.2f}x | "
                       f"{', '.join(r.get('heavy_modules') or []) or 'neither'} | {cache} |")
+        print(f"\nevery sidecar read in a fresh process (imports included), side by side; load "
+              f"average now {os.getloadavg()[0]:.1f}:")
+        print("| reader | wall s | CPU s | files (declined) | active tokens/s | peak RSS MiB |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for reader, r in read_rows:
+            print(f"| {reader} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['files']:,} "
+                  f"({r['declined']}) | {tokens / r['wall_s'] / 1e6:.2f}M | "
+                  f"{r['maxrss_kib'] / 1024:.0f} |")
+        walls = {reader: min(r["wall_s"] for n, r in read_rows if n == reader)
+                 for reader in ("torch.load", "ptread")}
+        cold = next(r for name, r in variants[-1][1] if name.startswith("cold"))
+        ratio = walls["torch.load"] / walls["ptread"]
+        print(f"ratio torch.load / ptread (best walls): {ratio:.1f}x; a cold report of this "
+              f"checkout took {cold['wall_s']:.2f} s: "
+              f"{walls['torch.load'] / cold['wall_s']:.1f}x less than torch.load's reading alone")
+        if args.profile:
+            print(_child(root, [], mode="--profile-child")["text"])
         if args.baseline:
             for what in ("wall_s", "cpu_s"):
                 print(f"| ratio this checkout / baseline ({what.removesuffix('_s')}) | "

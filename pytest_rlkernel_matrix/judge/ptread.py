@@ -1,99 +1,158 @@
-"""A fast reader of `.pt` files that accepts only what `torch.load(weights_only=True)` accepts.
+"""The one reader of every `.pt` file the plugin reads, with `torch.load(weights_only=True)`'s
+semantics: a file is read to the values torch gives it, bit for bit, or handed to torch.load.
 
-`torch.load(weights_only=True)` runs torch's pure-Python unpickler, about 100 us per tensor; an
-RL-Kernel sidecar holds three small tensors per sample, so reading a 200-step root is mostly
-that. `read_pt` reads the same files with the C unpickler restricted to globals answered by
-this module's own objects (Python's "restricting globals" pattern; no real global is ever
-looked up), and falls back to `torch.load(weights_only=True)` on anything it does not know.
+Two layers, neither a parser of our own:
 
-What the fast path accepts, exactly (anything else raises `Unsupported` naming the file, and
-`read_pt` hands the bytes to torch, so the outcome is torch's):
+- **the container** is parsed by the standard library's `zipfile`; `_records` then holds it to
+  the layout torch's writer (miniz) gives a file, field for field, so that miniz (what
+  torch.load reads with) and `zipfile` cannot see two different archives in it: the end record
+  at the very end, without comment, torch's zip64 end record and locator right before it and
+  agreeing with it, the central directory right before those, exactly its entries; the entries
+  in directory order tiling the file from byte 0 (local header, name, torch's alignment extra,
+  data, data descriptor); every header field as torch writes it (flags 0x808, stored, no
+  extra or comment in the directory, zero versions, times and attributes), local headers and
+  descriptors agreeing with the directory; printable ASCII names of one archive folder, none
+  twice even ignoring case (miniz looks names up ignoring it), each a record torch writes, the
+  small ones with torch's content. CRCs are not checked: torch's reader checks none either
+  (tests/test_ptread.py), so both read the same bytes.
+- **the pickle** is read by the C unpickler (`pickle.Unpickler`) with `find_class` and
+  `persistent_load` restricted to what torch.save writes for plain data and CPU tensors of the
+  ten plain dtypes (`torch._utils._rebuild_tensor_v2`, an empty `collections.OrderedDict` as
+  backward hooks, `torch.<Type>Storage` in `('storage', type, key, 'cpu', numel)` ids),
+  answered by this module's own objects (no real global is ever looked up). `_scan` refuses,
+  before it runs, any opcode outside those torch's weights-only unpickler implements and
+  Python's protocol-2 pickler writes for such values (and a memo index no stream of its size
+  needs: the C unpickler would allocate a table that large first). After it, the stream must
+  be byte for byte what that pickler writes for the values it gave (`_canonical`): no SETITEM
+  on a list, no mark left open, nothing torch's own unpickler would read otherwise.
 
-- the zip as torch writes it: no data before the first record, no comment, optional zip64 end
-  records that agree with the classic ones, every record stored (not compressed, not
-  encrypted), local headers naming the central directory's records, all records under one
-  `<archive>/` folder and each one of `data.pkl`, `byteorder` (`little`), `version` (`3`),
-  `.data/version` (`3`), `.format_version` (`1`), `.storage_alignment` (`64`),
-  `.data/serialization_id` or `data/<key>`; `data.pkl` and the small records CRC-checked;
-- in `data.pkl` the globals `torch._utils._rebuild_tensor_v2` (6 arguments: a storage, an
-  offset, size and stride tuples of ints inside the storage, `requires_grad=False`, an empty
-  backward-hooks dict), `collections.OrderedDict` (called with no arguments, only as those
-  hooks) and `torch.<Type>Storage` for the ten plain dtypes; persistent ids
-  `('storage', <Type>Storage, key, 'cpu', numel)` whose record holds exactly `numel` items;
-- values that are dicts, lists, tuples, str, int (64-bit), float, bool, None and those tensors,
-  without cycles;
-- in `data.pkl` only the opcodes Python's pickler writes for those (protocol 2), checked before
-  the C unpickler runs (and no memo index beyond the stream's size: the C unpickler would first
-  allocate a table that large);
-- and, the subset proof: `data.pkl` must be byte for byte what Python's pickler (protocol 2,
-  torch.save's) writes for the object it unpickled to, the globals named as torch names them.
-  Such a stream uses only opcodes torch's weights-only unpickler implements (no BUILD, no
-  NEWOBJ, no POP, no LONG4, no SETITEM on a list, ...), so a file that passes is one
-  `torch.load(weights_only=True)` loads, to the same values: the tensors are copies of the
-  records' bytes with the dtype, size, stride and storage offset torch gives them.
-
-torch is imported when a tensor is built (inside `load`), never at module load.
+Anything outside raises `Unsupported` naming the file; `read_pt` and `pt_dict` then call
+`torch.load(weights_only=True)` on the same bytes, so the outcome is torch's. torch is imported
+only to build torch tensors or to fall back, never at module load; `load_arrays` gives numpy
+arrays (bfloat16 widened exactly) without torch. docs/benchmarks.md has the measurements.
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import io
 import pickle
 import re
 import struct
 import sys
-import zlib
+import zipfile
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.ptmemo import KEY as _KEY
-from pytest_rlkernel_matrix.judge.ptmemo import LAYOUTS as _LAYOUTS
-from pytest_rlkernel_matrix.judge.ptmemo import LOCAL as _LOCAL
-from pytest_rlkernel_matrix.judge.ptmemo import PROVEN as _PROVEN  # noqa: F401 (tests)
-from pytest_rlkernel_matrix.judge.ptmemo import Layout as _Layout
-from pytest_rlkernel_matrix.judge.ptmemo import int_args, remember_proven
-from pytest_rlkernel_matrix.judge.ptmemo import like_proven as _like_proven
 from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
 
 _MOD = __name__.encode()
+_INT_LIMIT = 1 << 63
 
-# torch.<Type>Storage -> (torch dtype name, item size)
+# torch.<Type>Storage -> (torch dtype name, item size, numpy dtype or None)
 _STORAGES = {
-    "FloatStorage": ("float32", 4), "DoubleStorage": ("float64", 8),
-    "HalfStorage": ("float16", 2), "BFloat16Storage": ("bfloat16", 2),
-    "LongStorage": ("int64", 8), "IntStorage": ("int32", 4), "ShortStorage": ("int16", 2),
-    "CharStorage": ("int8", 1), "ByteStorage": ("uint8", 1), "BoolStorage": ("bool", 1),
+    "FloatStorage": ("float32", 4, "<f4"), "DoubleStorage": ("float64", 8, "<f8"),
+    "HalfStorage": ("float16", 2, None), "BFloat16Storage": ("bfloat16", 2, None),
+    "LongStorage": ("int64", 8, "<i8"), "IntStorage": ("int32", 4, "<i4"),
+    "ShortStorage": ("int16", 2, "<i2"), "CharStorage": ("int8", 1, "i1"),
+    "ByteStorage": ("uint8", 1, "u1"), "BoolStorage": ("bool", 1, "?"),
 }
-# the small records torch writes, with the only content accepted
+# the records torch writes besides data.pkl and data/<key>, with the only content accepted
 _RECORDS = {"byteorder": b"little", "version": b"3\n", ".data/version": b"3\n",
-            ".format_version": b"1", ".storage_alignment": b"64"}
-_SERIAL = re.compile(rb"[0-9]{1,64}\Z")
-_EOCD = struct.Struct("<4s4H2IH")
-_EOCD64 = struct.Struct("<4sQ2H2I4Q")
-_LOC64 = struct.Struct("<4sIQI")
-_CENTRAL = struct.Struct("<4s6H3I5H2I")
-_INT_LIMIT = 1 << 64
+            ".format_version": b"1", ".storage_alignment": b"64", ".data/serialization_id": None}
+_FOLDER = re.compile(r"[!-.0-~]+\Z")  # printable ASCII, no space, no "/"
+_INNERS = re.compile(r"(?:(?:data/[0-9]{{1,12}}|data\.pkl|{})\n)*\Z".format("|".join(
+    map(re.escape, _RECORDS))))
+_LOCAL = struct.Struct(zipfile.structFileHeader)
+_CENTRAL = struct.Struct(zipfile.structCentralDir)
+_DESCRIPTOR = struct.Struct("<4s3I")  # the data descriptor torch writes after each record
 
 
 class Unsupported(Exception):
-    """Outside what the fast path reads (the message names the file); torch.load decides."""
+    """Outside what this reader reads (the message names the file); torch.load decides."""
 
+
+# -- the container ------------------------------------------------------------------------------
+
+def _records(raw: bytes) -> dict[str, memoryview]:
+    """{name inside the archive folder: the record's bytes} of a zip laid out as torch's."""
+    if not raw.startswith(zipfile.stringFileHeader):
+        raise Unsupported("not a zip file")
+    try:
+        infos = zipfile.ZipFile(io.BytesIO(raw)).infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as exc:
+        raise Unsupported(f"zipfile: {exc}") from None
+    end = len(raw) - zipfile.sizeEndCentDir
+    (sig, disk, disk_cd, here, total, cd_size, cd_off,
+     comment) = struct.unpack_from(zipfile.structEndArchive, raw, end)
+    if sig != zipfile.stringEndArchive or disk or disk_cd or here != total or comment:
+        raise Unsupported("zip end record is not a single-disk one without comment at the end")
+    loc_at = end - zipfile.sizeEndCentDir64Locator
+    cd_end = loc_at - zipfile.sizeEndCentDir64  # torch's writer always writes zip64 records
+    if cd_end < 0:
+        raise Unsupported("zip too short for torch's end records")
+    loc = struct.unpack_from(zipfile.structEndArchive64Locator, raw, loc_at)
+    z64 = struct.unpack_from(zipfile.structEndArchive64, raw, cd_end)
+    if (loc != (zipfile.stringEndArchive64Locator, 0, cd_end, 1)
+            or z64[:6] != (zipfile.stringEndArchive64, zipfile.sizeEndCentDir64 - 12, 0x31E, 45,
+                           0, 0) or z64[6] != z64[7]
+            or any(classic != min(full, big) for classic, full, big in (
+                (here, z64[6], 0xFFFF), (cd_size, z64[8], 0xFFFFFFFF),
+                (cd_off, z64[9], 0xFFFFFFFF)))):  # (the classic fields or, past them, their max)
+        raise Unsupported("zip64 end records are not torch's, or disagree with the end record")
+    total, cd_size, cd_off = z64[7:]  # what miniz and zipfile read
+    if cd_off + cd_size != cd_end or len(infos) != total:
+        raise Unsupported("zip central directory is not right before its end records")
+    names = [info.orig_filename for info in infos]
+    folder = names[0].partition("/")[0] if names else ""
+    inners = [name[len(folder) + 1:] for name in names]
+    if (not _FOLDER.match(folder) or not all(name.startswith(folder + "/") for name in names)
+            or not _INNERS.match("\n".join(inners) + "\n")):
+        raise Unsupported("zip entries are not records torch writes, in one archive folder")
+    if len({name.lower() for name in names}) != len(names):
+        raise Unsupported("zip entry names twice (miniz ignores their case)")
+    records: dict[str, memoryview] = {}
+    view, pos, central = memoryview(raw), 0, []
+    for info, inner in zip(infos, inners, strict=True):  # each header: torch's, field for field
+        size, crc, name = info.file_size, info.CRC, info.orig_filename.encode()
+        flags = 0x808 if size else 0x800  # an empty record has no data descriptor
+        xlen = int.from_bytes(raw[pos + 28:pos + 30], "little")  # (torch's alignment padding)
+        start = pos + zipfile.sizeFileHeader + len(name) + xlen
+        if not (raw.startswith(_LOCAL.pack(zipfile.stringFileHeader, 0, 0, flags, 0, 0, 0, 0, 0,
+                                           0, len(name), xlen) + name, pos)
+                and (not size or raw.startswith(_DESCRIPTOR.pack(b"PK\x07\x08", crc, size,
+                                                                 size), start + size))):
+            raise Unsupported(f"zip entry {name[:80]!r} is not laid out as torch writes it")
+        central.append(_CENTRAL.pack(zipfile.stringCentralDir, 0, 0, 0, 0, flags, 0, 0, 0, crc,
+                                     size, size, len(name), 0, 0, 0, 0, 0, pos) + name)
+        records[inner] = view[start:start + size]
+        pos = start + size + (_DESCRIPTOR.size if size else 0)
+    if pos != cd_off or raw[cd_off:cd_end] != b"".join(central):
+        raise Unsupported("zip central directory is not torch's for these records, or bytes lie "
+                          "between them")
+    for inner, want in _RECORDS.items():
+        if want is not None and inner in records and records[inner] != want:
+            raise Unsupported(f"zip record {inner!r} is not {want!r}")
+    for need in ("data.pkl", "byteorder", "version"):
+        if need not in records:
+            raise Unsupported(f"zip has no {need} record")
+    return records
+
+
+# -- the pickle ---------------------------------------------------------------------------------
 
 class _StorageType:
     """What `torch.<Type>Storage` unpickles to here: a marker, never called."""
 
-    __slots__ = ("dtype", "itemsize", "name")
+    __slots__ = ("dtype", "itemsize", "name", "numpy")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.dtype, self.itemsize = _STORAGES[name]
+        self.dtype, self.itemsize, self.numpy = _STORAGES[name]
 
     def __reduce__(self) -> str:
         return self.name  # pickled by reference, as this module's global of that name
-
-    def __setstate__(self, state: Any) -> None:
-        raise Unsupported("BUILD on a storage type")
 
 
 for _name in _STORAGES:
@@ -118,37 +177,25 @@ class _Hooks:
     def __reduce__(self) -> tuple[Any, ...]:
         return (OrderedDict, ())
 
-    def __setstate__(self, state: Any) -> None:
-        raise Unsupported("BUILD on a backward-hooks dict")
-
 
 class _Tensor:
-    """A `_rebuild_tensor_v2` call, checked; the tensor is built after the subset proof.
-    `args`: (storage, offset, size, stride, requires_grad, hooks)."""
+    """A checked `_rebuild_tensor_v2` call: (storage, offset, size, stride, False, hooks)."""
 
-    __slots__ = ("args", "value")
+    __slots__ = ("args",)
 
     def __init__(self, args: tuple[Any, ...]) -> None:
         self.args = args
-        self.value: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_tensor_v2, self.args)
 
-    def __setstate__(self, state: Any) -> None:
-        raise Unsupported("BUILD on a tensor")
 
-
-def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if type(value) is tuple and (
-            (len(value) == 1 and type(value[0]) is int and 0 <= value[0] < _INT_LIMIT)
-            or all(type(v) is int and 0 <= v < _INT_LIMIT for v in value)):
-        return value
-    raise Unsupported(f"tensor {what} is not a tuple of non-negative ints")
+def _ints(value: Any) -> bool:
+    return type(value) is tuple and all(type(v) is int and 0 <= v < _INT_LIMIT for v in value)
 
 
 def _rebuild_tensor_v2(*args: Any) -> _Tensor:
-    if len(args) == 6:  # a 1-d tensor inside its storage: what the checks below accept
+    if len(args) == 6:  # a 1-d tensor inside its storage, the common case, sooner
         storage, offset, size, stride, requires_grad, hooks = args
         if (type(storage) is _Storage and type(offset) is int and type(size) is tuple
                 and type(stride) is tuple and len(size) == 1 and len(stride) == 1
@@ -165,22 +212,13 @@ def _rebuild_checked(*args: Any) -> _Tensor:
     if len(args) != 6:
         raise Unsupported(f"_rebuild_tensor_v2 with {len(args)} arguments (6 read here)")
     storage, offset, size, stride, requires_grad, hooks = args
-    if type(storage) is not _Storage:
-        raise Unsupported("_rebuild_tensor_v2 on something that is not a storage")
-    if type(offset) is not int or offset < 0:
-        raise Unsupported("tensor storage offset is not a non-negative int")
-    _ints(size, "size")
-    _ints(stride, "stride")
-    if len(size) != len(stride):
-        raise Unsupported("tensor size and stride differ in length")
-    if requires_grad is not False or type(hooks) is not _Hooks:
-        raise Unsupported("tensor with requires_grad or backward hooks")
+    if (type(storage) is not _Storage or type(offset) is not int or not 0 <= offset < _INT_LIMIT
+            or not _ints(size) or not _ints(stride) or len(size) != len(stride)
+            or requires_grad is not False or type(hooks) is not _Hooks):
+        raise Unsupported("_rebuild_tensor_v2 arguments are not a CPU tensor's")
     numel = len(storage.data) // storage.kind.itemsize
-    if 0 in size:
-        if offset > numel:
-            raise Unsupported(f"tensor offset {offset} past its storage of {numel}")
-    elif offset + ((size[0] - 1) * stride[0] if len(size) == 1 else sum(
-            (n - 1) * s for n, s in zip(size, stride, strict=True))) >= numel:
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    if (offset > numel) if 0 in size else (last >= numel):
         raise Unsupported(f"tensor (offset {offset}, size {size}, stride {stride}) outside "
                           f"its storage of {numel} items")
     return _Tensor(args)
@@ -192,50 +230,36 @@ def OrderedDict(*args: Any) -> _Hooks:
     return _Hooks()
 
 
+_GLOBALS = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+            ("collections", "OrderedDict"): OrderedDict,
+            **{("torch", name): kind for name, kind in _TYPES.items()}}
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, data: bytes, records: dict[str, memoryview]) -> None:
         super().__init__(io.BytesIO(data))
         self._records = records
-        self._used: dict[str, tuple[str, int]] = {}
+        self._used: dict[str, tuple[_StorageType, int]] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return _rebuild_tensor_v2
-        if module == "collections" and name == "OrderedDict":
-            return OrderedDict
-        if module == "torch" and name in _TYPES:
-            return _TYPES[name]
-        raise Unsupported(f"global {module}.{name[:80]} is not in the fast reader's allowlist")
+        found = _GLOBALS.get((module, name))
+        if found is None:
+            raise Unsupported(f"global {module[:80]}.{name[:80]} is not in the allowlist")
+        return found
 
     def persistent_load(self, pid: Any) -> Any:
-        if type(pid) is tuple and len(pid) == 5:  # a storage first seen: what the checks
-            tag, kind, key, where, numel = pid  # below accept, sooner
-            if (type(tag) is str and tag == "storage" and type(kind) is _StorageType
-                    and type(key) is str and where == "cpu" and type(numel) is int):
-                data = self._records.get("data/" + key)
-                if (data is not None and numel >= 0 and numel * kind.itemsize == len(data)
-                        and key not in self._used):
-                    self._used[key] = (kind.name, numel)
-                    return _Storage(pid, kind, data)
-        return self._persistent_checked(pid)
-
-    def _persistent_checked(self, pid: Any) -> Any:
-        if (type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage"
-                or type(pid[0]) is not str or type(pid[1]) is not _StorageType
-                or type(pid[2]) is not str or pid[3] != "cpu" or type(pid[4]) is not int):
+        if (type(pid) is not tuple or len(pid) != 5 or type(pid[0]) is not str
+                or pid[0] != "storage" or type(pid[1]) is not _StorageType
+                or type(pid[2]) is not str or type(pid[3]) is not str or pid[3] != "cpu"
+                or type(pid[4]) is not int):
             raise Unsupported(f"persistent id {str(pid)[:80]} is not a CPU storage")
-        kind, key, numel = pid[1], pid[2], pid[4]
-        data = self._records.get(f"data/{key}")
-        if data is None:
-            raise Unsupported(f"storage {key[:20]!r} has no record")
-        if numel < 0 or numel * kind.itemsize != len(data):
-            raise Unsupported(f"storage {key}: {numel} x {kind.itemsize} bytes, its record "
-                              f"holds {len(data)}")
-        used = self._used.get(key)
-        if used is None:
-            self._used[key] = (kind.name, numel)
-        elif used != (kind.name, numel):
-            raise Unsupported(f"storage {key} used with two types or sizes")
+        _, kind, key, _, numel = pid
+        data = self._records.get("data/" + key)
+        if data is None or numel * kind.itemsize != len(data) or numel < 0:
+            raise Unsupported(f"storage {key[:20]!r}: no record of {numel} x {kind.itemsize}"
+                              " bytes")
+        if self._used.setdefault(key, (kind, numel)) != (kind, numel):
+            raise Unsupported(f"storage {key[:20]!r} used with two types or sizes")
         return _Storage(pid, kind, data)
 
 
@@ -255,109 +279,10 @@ def _canonical(obj: Any) -> bytes:
             .replace(mod, b"ctorch\n"))
 
 
-def _zip_records(raw: bytes) -> tuple[str, dict[str, memoryview]]:
-    """(archive folder, {name inside it: the record's bytes}) of a zip laid out as torch's.
-    A file laid out byte for byte as one read before (`_Layout`) skips the first pass."""
-    n = len(raw)
-    if n < _EOCD.size or raw[:4] != b"PK\x03\x04":
-        raise Unsupported("not a zip file")
-    sig, disk, disk_cd, here, total, cd_size, cd_off, comment = _EOCD.unpack_from(raw, n - 22)
-    layout = _LAYOUTS.get((n, cd_off))
-    found = None if layout is None else layout.records(raw)
-    if found is not None:
-        _check_records(found[1], found[2])
-        return found[0], found[1]
-    if sig != b"PK\x05\x06" or disk or disk_cd or here != total or comment:
-        raise Unsupported("zip end record is not a single-disk one without comment")
-    end = n - 22
-    if cd_off + cd_size != end:
-        loc = end - _LOC64.size
-        rec = loc - _EOCD64.size
-        if rec < 0:
-            raise Unsupported("zip central directory does not end at the end record")
-        lsig, ldisk, at, disks = _LOC64.unpack_from(raw, loc)
-        (zsig, zsize, _, _, zdisk, zdisk_cd, zhere, ztotal, zcd_size,
-         zcd_off) = _EOCD64.unpack_from(raw, rec)
-        if (lsig != b"PK\x06\x07" or ldisk or at != rec or disks != 1 or zsig != b"PK\x06\x06"
-                or zsize != _EOCD64.size - 12 or zdisk or zdisk_cd or zhere != here
-                or ztotal != total or zcd_size != cd_size or zcd_off != cd_off
-                or cd_off + cd_size != rec):
-            raise Unsupported("zip64 end records disagree with the zip's end record")
-    records: dict[str, memoryview] = {}
-    crcs: dict[str, int] = {}
-    view = memoryview(raw)
-    pos, prefix, first = cd_off, "", True
-    central, local, csz, lsz, cd_end = (_CENTRAL.unpack_from, _LOCAL.unpack_from, _CENTRAL.size,
-                                        _LOCAL.size, cd_off + cd_size)
-    # (name inside the folder, start, size, CRC at, name at, local header at)
-    items: list[tuple[str, int, int, int, int, int]] = []
-    for _ in range(total):
-        if pos + csz > cd_end:
-            raise Unsupported("zip central directory is truncated")
-        (csig, _, _, flags, method, _, _, crc, csize, usize, nlen, xlen, clen, dstart, _, _,
-         off) = central(raw, pos)
-        at_crc, at_name = pos + 16, pos + csz
-        name_b = raw[pos + csz:pos + csz + nlen]
-        pos += csz + nlen + xlen + clen
-        if (csig != b"PK\x01\x02" or flags & 0x41 or method or csize != usize or dstart
-                or usize == 0xFFFFFFFF or off == 0xFFFFFFFF):
-            raise Unsupported("a zip record is compressed, encrypted or zip64-sized")
-        if (first and off != 0) or off + lsz > cd_off:
-            raise Unsupported("zip records do not start the file")
-        lsig, _, _, lmethod, _, _, _, _, _, lnlen, lxlen = local(raw, off)
-        start = off + lsz + lnlen + lxlen
-        # (the local name: the `lnlen` bytes after the header, equal to the central one's)
-        if (lsig != b"PK\x03\x04" or lmethod or lnlen != len(name_b)
-                or not raw.startswith(name_b, off + lsz) or start + usize > cd_off):
-            raise Unsupported("a zip local header disagrees with the central directory")
-        try:
-            name = name_b.decode("ascii")
-        except UnicodeDecodeError:
-            raise Unsupported("a zip record name is not ASCII") from None
-        folder, sep, inner = name.partition("/")
-        if first:
-            prefix, first = folder, False
-        if not sep or folder != prefix or not folder or inner in records:
-            raise Unsupported(f"zip record {name[:80]!r} is not one of one archive folder")
-        records[inner] = view[start:start + usize]
-        crcs[inner] = crc
-        items.append((inner, start, usize, at_crc, at_name, off))
-    if pos != cd_off + cd_size:
-        raise Unsupported("zip central directory size disagrees with its records")
-    _check_records(records, crcs)
-    if len(_LAYOUTS) >= 64:
-        _LAYOUTS.clear()
-    _LAYOUTS[(n, cd_off)] = _Layout(raw, cd_off, prefix, items)
-    return prefix, records
-
-
-def _check_records(records: dict[str, memoryview], crcs: dict[str, int]) -> None:
-    """The second pass of `_zip_records`: each record one torch writes, the small ones with
-    their only content, CRC-checked (a tensor's record is not: torch's reader does not)."""
-    for inner, data in records.items():
-        if inner.startswith("data/") and _KEY.match(inner[5:]):
-            continue
-        want = _RECORDS.get(inner)
-        if inner == "data.pkl" or inner == ".data/serialization_id":
-            pass
-        elif want is None:
-            raise Unsupported(f"zip record {inner[:80]!r} is not one torch writes")
-        if zlib.crc32(data) != crcs[inner]:
-            raise Unsupported(f"zip record {inner[:80]!r} fails its CRC")
-        if want is not None and bytes(data) != want:
-            raise Unsupported(f"zip record {inner!r} is {bytes(data)[:20]!r}, not {want!r}")
-        if inner == ".data/serialization_id" and not _SERIAL.match(bytes(data)):
-            raise Unsupported("zip record .data/serialization_id is not digits")
-    for need in ("data.pkl", "byteorder", "version"):
-        if need not in records:
-            raise Unsupported(f"zip has no {need} record")
-
-
-# The opcodes Python's pickler writes, protocol 2, for the values read here, with their
-# argument's size: a fixed count of bytes, or -4 (a 4-byte length, then that many bytes),
-# -1 (a 1-byte length, then that many), -2 (two lines). Every other opcode is refused before
-# the C unpickler runs; so is a LONG_BINPUT index no pickle of this size needs (the C unpickler
-# would allocate and clear a memo table of twice that index first).
+# The opcodes accepted, each with its argument: a fixed count of bytes, or -4 (a 4-byte length,
+# then that many bytes), -1 (a 1-byte length, then that many), -2 (two lines): those torch's
+# weights-only unpickler implements that Python's protocol-2 pickler writes for the values
+# above (no LONG4, SHORT_BINUNICODE, FRAME, MEMOIZE, POP, DUP, BINBYTES, ...).
 _OPCODES: dict[int, int] = {
     **dict.fromkeys(b"}])(useat\x85\x86\x87\x88\x89NRQ.", 0),
     **{ord("q"): 1, ord("h"): 1, ord("K"): 1, ord("M"): 2, ord("J"): 4, ord("j"): 4,
@@ -365,27 +290,20 @@ _OPCODES: dict[int, int] = {
     ord("X"): -4, 0x8A: -1, ord("c"): -2,
 }
 _ARGS = [_OPCODES.get(op) for op in range(256)]
-
-
-def _int_args(pkl: bytes) -> dict[int, tuple[int, int]]:
-    """`ptmemo.int_args` with this module's opcode table."""
-    return int_args(pkl, _ARGS)
-
-
-# A run of the opcodes above with a fixed-size argument, each taken whole, except STOP and
-# LONG_BINPUT (their checks are `_scan`'s): skipped in C, `_scan` steps through the rest.
-# A BINUNICODE shorter than 256 bytes is taken whole too: its 4-byte length spelled out, then
-# exactly that many bytes (a string that runs past the stream's end is left to `_scan`).
+# Runs of fixed-size opcodes other than STOP, LONG_BINPUTs below 65,536 (a memo table of at
+# most 1 MiB) and BINUNICODEs shorter than 256 bytes, skipped in C; `_scan` steps through the
+# rest.
 _FIXED = re.compile(b"(?:" + b"|".join(
     b"[" + re.escape(bytes(ops)) + b"]" + (b".{%d}" % size if size else b"")
     for size in (0, 1, 2, 4, 8)
     if (ops := [op for op, n in _OPCODES.items() if n == size and op not in (0x2E, 0x72)])
 ) + b"|X(?:" + b"|".join(re.escape(bytes([n, 0, 0, 0])) + (b".{%d}" % n if n else b"")
-                         for n in range(256)) + b"))*", re.DOTALL)
+                         for n in range(256)) + b")|r..\0\0)*", re.DOTALL)
 
 
 def _scan(pkl: bytes) -> None:
-    """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past the stream's size."""
+    """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past 65,536 and the stream's
+    size (no stream needs them; the C unpickler would first allocate a table that large)."""
     i, n, args, skip = 0, len(pkl), _ARGS, _FIXED.match
     while i < n:
         i = skip(pkl, i).end()
@@ -398,14 +316,14 @@ def _scan(pkl: bytes) -> None:
                               "pickler writes for plain data and tensors")
         i += 1
         if size > 0:
-            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= n:
+            if op == 0x72 and int.from_bytes(pkl[i:i + 4], "little") >= max(n, 1 << 16):
                 raise Unsupported(f"data.pkl memo index at {i - 1} past the stream's size")
             i += size
         elif size == -4:
             i += 4 + int.from_bytes(pkl[i:i + 4], "little")
         elif size == -1:
             i += 1 + pkl[i] if i < n else 1
-        elif size == -2:  # (a second line searched from 0 once looped back: for ever)
+        elif size == -2:
             first = pkl.find(b"\n", i)
             i = pkl.find(b"\n", first + 1) + 1 if first >= 0 else 0
             if i == 0:
@@ -417,175 +335,126 @@ def _scan(pkl: bytes) -> None:
     raise Unsupported("data.pkl has no STOP")
 
 
-_PLAIN = (str, float, bool, type(None))
+# -- the values ---------------------------------------------------------------------------------
+
+_PLAIN = frozenset((str, int, float, bool, type(None)))
 
 
-def _check(obj: Any, tensors: list[_Tensor], active: set[int], seen: set[int]) -> None:
-    """Refuse types outside the fast path's and cycles; collect the tensors."""
+def _values(obj: Any, tensor: Any, memo: dict[int, Any], active: set[int]) -> Any:
+    """`obj` with `tensor(t)` in place of each `_Tensor` (lists and dicts changed in place);
+    `Unsupported` for any other type of ours and for cycles (torch reads those the torch way)."""
     kind = type(obj)
     if kind in _PLAIN:
-        return
-    if kind is int:
-        if not -_INT_LIMIT < obj < _INT_LIMIT:
-            raise Unsupported("an int beyond 64 bits")
-        return
+        return obj
+    key = id(obj)
+    if key in memo:
+        return memo[key]
     if kind is _Tensor:
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            tensors.append(obj)
-        return
+        memo[key] = tensor(obj)
+        return memo[key]
     if kind not in (dict, list, tuple):
         raise Unsupported(f"a value of type {kind.__name__}")
-    key = id(obj)
     if key in active:
         raise Unsupported("a cycle")
-    if key in seen:
-        return
     active.add(key)
     if kind is dict:
         for k, v in obj.items():
-            if type(k) not in (str, int, float, bool, type(None)):
+            if type(k) not in _PLAIN:
                 raise Unsupported(f"a dict key of type {type(k).__name__}")
-            _check(k, tensors, active, seen)
-            _check(v, tensors, active, seen)
+            if type(v) not in _PLAIN:
+                obj[k] = _values(v, tensor, memo, active)
+    elif kind is list:
+        for i, v in enumerate(obj):
+            if type(v) not in _PLAIN:
+                obj[i] = _values(v, tensor, memo, active)
     else:
-        for v in obj:
-            _check(v, tensors, active, seen)
+        obj = tuple([_values(v, tensor, memo, active) for v in obj])
     active.discard(key)
-    seen.add(key)
-
-
-def _swap(obj: Any, memo: dict[int, Any]) -> Any:
-    """`obj` with tensors in place of `_Tensor`s (lists and dicts changed in place)."""
-    kind = type(obj)
-    if kind is _Tensor:
-        return obj.value
-    if kind is list:
-        if id(obj) not in memo:
-            memo[id(obj)] = obj
-            for i, v in enumerate(obj):
-                t = type(v)
-                if t is _Tensor:
-                    obj[i] = v.value
-                elif t is list or t is dict or t is tuple:
-                    obj[i] = _swap(v, memo)
-        return obj
-    if kind is dict:
-        if id(obj) not in memo:
-            memo[id(obj)] = obj
-            for k, v in obj.items():
-                t = type(v)
-                if t is _Tensor:
-                    obj[k] = v.value
-                elif t is list or t is dict or t is tuple:
-                    obj[k] = _swap(v, memo)
-        return obj
-    if kind is tuple:
-        if id(obj) not in memo:
-            memo[id(obj)] = tuple(_swap(v, memo) for v in obj)
-        return memo[id(obj)]
+    memo[key] = obj
     return obj
 
 
-# float16 is not here: torch's `.float()` quiets a signalling NaN in its vectorised loop and
-# not in its scalar one (measured), so no numpy widening is bit for bit torch's; such files
-# are read the torch way.
-_NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8", "int32": "<i4", "int16": "<i2",
-          "int8": "i1", "uint8": "u1", "bool": "?"}
-
-
-def _as_arrays(tensors: list[_Tensor]) -> None:
-    """Each `_Tensor`'s value as a read-only numpy view of its record's bytes: torch's dtype
-    (bfloat16 widened exactly to float32: its bits shifted up 16, what torch's `.float()`
-    gives for all 65,536 patterns; numpy has no bfloat16), size, stride and storage offset."""
+def _numpy(bases: dict[str, Any]) -> Any:
+    """Each tensor as a read-only numpy view of its record's bytes: torch's dtype (bfloat16
+    widened exactly to float32: its bits shifted up 16, what torch's `.float()` gives for all
+    65,536 patterns; numpy has none), size, stride and storage offset. float16 is read the torch
+    way: torch's `.float()` quiets a signalling NaN in one loop and not in another (measured)."""
     import numpy as np
 
-    bases: dict[str, Any] = {}
-    for t in tensors:
+    def tensor(t: _Tensor) -> Any:
+        st, offset, size, stride = t.args[:4]
+        kind, buffer = st.kind, st.data
+        if kind.numpy is None:
+            if kind.dtype != "bfloat16":
+                raise Unsupported(f"{kind.dtype} tensors are read the torch way")
+            buffer = bases.get(st.pid[2])
+            if buffer is None:
+                buffer = (np.frombuffer(st.data, "<u2").astype(np.uint32) << 16).view(np.float32)
+                buffer.flags.writeable = False
+                bases[st.pid[2]] = buffer
+        item = 4 if kind.numpy is None else kind.itemsize
+        return np.ndarray(size, kind.numpy or "<f4", buffer, offset * item,
+                          (stride[0] * item,) if len(stride) == 1 else tuple(
+                              s * item for s in stride))
+    return tensor
+
+
+def _torch(bases: dict[str, Any]) -> Any:
+    """Each tensor as torch's rebuild gives it: a copy of the record, viewed."""
+    import torch
+
+    def tensor(t: _Tensor) -> Any:
         st, offset, size, stride = t.args[:4]
         base = bases.get(st.pid[2])
         if base is None:
-            if st.kind.dtype not in _NUMPY and st.kind.dtype != "bfloat16":
-                raise Unsupported(f"{st.kind.dtype} tensors are read the torch way")
-            if st.kind.dtype == "bfloat16":
-                base = (np.frombuffer(st.data, dtype="<u2").astype(np.uint32) << 16).view(
-                    np.float32)
-                base.flags.writeable = False
-            else:
-                base = np.frombuffer(st.data, dtype=_NUMPY[st.kind.dtype])
+            dtype = getattr(torch, st.kind.dtype)
+            base = (torch.frombuffer(bytearray(st.data), dtype=dtype) if len(st.data)
+                    else torch.empty(0, dtype=dtype))
             bases[st.pid[2]] = base
-        if len(size) == 1 and stride == (1,):
-            # the whole storage: its read-only array itself (the same values as a view)
-            t.value = (base if offset == 0 and size[0] == base.size
-                       else base[offset:offset + size[0]])
-        else:
-            t.value = np.lib.stride_tricks.as_strided(
-                base[offset:], shape=size, strides=tuple(s * base.itemsize for s in stride),
-                writeable=False)
+        value = base.as_strided(size, stride, offset)
+        value._backward_hooks = collections.OrderedDict()  # as torch's rebuild sets it
+        return value
+    return tensor
 
 
 def load(raw: bytes, name: str = "<bytes>", *, arrays: str = "torch") -> Any:
     """The object a `.pt` file holds, as `torch.load(raw, weights_only=True)` gives it, CPU
-    tensors; `Unsupported` (naming `name`) for anything outside the fast path.
-
-    ``arrays="numpy"``: the same checks and values, each tensor a read-only numpy array
-    instead (`_as_arrays`; torch is not imported), for readers that turn tensors into numpy
-    arrays anyway (`judge.sidecars.float_array` gives the same array from either)."""
+    tensors; `Unsupported` (naming `name`) for anything this reader does not read.
+    ``arrays="numpy"``: each tensor a read-only numpy array instead; torch is not imported."""
+    if arrays not in ("torch", "numpy"):
+        raise ValueError(f"arrays={arrays!r}: 'torch' or 'numpy'")
+    collecting = gc.isenabled()
+    gc.disable()  # (a file of N records makes O(N) objects: collections in between cost O(N^2))
     try:
         if sys.byteorder != "little":
             raise Unsupported("this machine is big-endian (torch swaps bytes, this reader not)")
-        _, records = _zip_records(raw)
+        records = _records(raw)
         pkl = bytes(records["data.pkl"])
         if _MOD in pkl:
             raise Unsupported("data.pkl names this reader's module")
-        proven = _like_proven(pkl)  # (then the scan's outcome and the proof are known)
-        if not proven:
-            _scan(pkl)
+        _scan(pkl)
         obj = _Unpickler(pkl, records).load()
-        tensors: list[_Tensor] = []
-        _check(obj, tensors, set(), set())
-        if not proven:
-            if _canonical(obj) != pkl:
-                raise Unsupported("data.pkl is not what torch.save's pickler writes for its "
-                                  "values")
-            remember_proven(pkl, _ARGS)
+        if _canonical(obj) != pkl:
+            raise Unsupported("data.pkl is not what torch.save's pickler writes for its values")
+        return _values(obj, (_numpy if arrays == "numpy" else _torch)({}), {}, set())
     except Unsupported as exc:
         raise Unsupported(f"{name}: {exc}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
             AttributeError, struct.error, RecursionError, OverflowError, MemoryError,
-            UnicodeDecodeError) as exc:
+            UnicodeDecodeError, RuntimeError) as exc:
         raise Unsupported(f"{name}: {type(exc).__name__}: {str(exc)[:200]}") from None
-    if not tensors:
-        return obj
-    if arrays == "numpy":
-        _as_arrays(tensors)
-        return _swap(obj, {})
-    if arrays != "torch":
-        raise ValueError(f"arrays={arrays!r}: 'torch' or 'numpy'")
-    import torch
+    finally:
+        if collecting:
+            gc.enable()
 
-    bases: dict[str, Any] = {}
-    try:
-        for t in tensors:
-            st, offset, size, stride = t.args[:4]
-            base = bases.get(st.pid[2])
-            if base is None:
-                dtype = getattr(torch, st.kind.dtype)
-                base = (torch.frombuffer(bytearray(st.data), dtype=dtype) if len(st.data)
-                        else torch.empty(0, dtype=dtype))
-                bases[st.pid[2]] = base
-            t.value = base.as_strided(size, stride, offset)
-            t.value._backward_hooks = collections.OrderedDict()  # as torch's rebuild sets it
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise Unsupported(f"{name}: tensor: {type(exc).__name__}: {str(exc)[:200]}") from None
-    return _swap(obj, {})
 
+# -- the calls ----------------------------------------------------------------------------------
 
 COUNTS = {"fast": 0, "torch.load": 0}  # files read by each path in this process
 
 
 def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
-    """A `.pt` file's object: the fast path (`load`) or, where it says `Unsupported`,
+    """A `.pt` file's object: `load`, or where it says `Unsupported`,
     `torch.load(weights_only=True)` on the same bytes; CPU tensors either way."""
     try:
         obj = load(raw, name)
@@ -597,7 +466,7 @@ def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
 
 
 def load_arrays(raw: bytes, name: str = "<bytes>") -> Any | None:
-    """`load(raw, name, arrays="numpy")`, or None where the fast path does not read the file
+    """`load(raw, name, arrays="numpy")`, or None where this reader does not read the file
     (the caller then reads the same bytes the torch way: `pt_dict`)."""
     try:
         obj = load(raw, name, arrays="numpy")
@@ -607,7 +476,7 @@ def load_arrays(raw: bytes, name: str = "<bytes>") -> Any | None:
     return obj
 
 
-def _torch(name: str, problems: list[str], what: str) -> Any:
+def _import_torch(name: str, problems: list[str], what: str) -> Any:
     """The torch module, or None with the reason in `problems`."""
     try:
         import torch
@@ -621,7 +490,7 @@ def _torch(name: str, problems: list[str], what: str) -> Any:
 def pt_dict(raw: bytes, name: str, problems: list[str], what: str = "") -> dict[str, Any] | None:
     """The dict a `.pt` file's bytes hold, with torch tensors (`read_pt`), or None with the
     reason in `problems`."""
-    torch = _torch(name, problems, what)
+    torch = _import_torch(name, problems, what)
     if torch is None:
         return None
     try:
@@ -640,7 +509,7 @@ def read_pt_dict(path: Path, root: Path, max_bytes: int, problems: list[str],
     """(object, bytes) of a `.pt` file under `root` that must hold a dict, read through
     `store.safeio` (capped, regular, inside `root`) and `read_pt`; or None with the reason in
     `problems` (``what`` prefixes the file's name there: ``"probe "``)."""
-    if _torch(path.name, problems, what) is None:  # said before the file is read
+    if _import_torch(path.name, problems, what) is None:  # said before the file is read
         return None
     try:
         raw = read_bytes(path, root, max_bytes)
