@@ -88,6 +88,30 @@ def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
     assert len(cell["phase_spread"]["rollout_wall_time"]["processes"]) == 3
 
 
+def test_under_xdist_each_worker_interleaves_its_own_cells(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
+                                           "--rlk-processes=2")
+    assert result.ret == 0, result.stdout.str()
+    root = next(pytester.path.glob("outputs/rlkernel/*"))
+    by_worker: dict[str, list[tuple[float, str, str]]] = {}
+    for meta_path in root.glob("cpu/*/**/cell-run.json"):
+        meta = json.loads(meta_path.read_text())
+        by_worker.setdefault(meta["worker"], []).append(
+            (meta["window"][0], meta["cell"]["case"], meta_path.parent.name))
+    assert len(by_worker) == 2, by_worker
+    for runs in by_worker.values():
+        order = [case for _, case, _ in sorted(runs)]
+        half = len(order) // 2
+        assert half and order[:half] == order[half:], order  # round 1, then round 2 alike
+        assert all(not d.startswith("measured.") for _, _, d in sorted(runs)[:half])
+    # the controller's report has every cell's measured runs (they ran after the items reported)
+    for cell in _report(pytester)["cells"]:
+        assert cell["measured"]["used"] == 2, cell["measured"]
+        assert len(cell["phase_spread"]["step_wall_time"]["processes"]) == 2
+
+
 def test_one_process_per_cell_says_how_to_get_a_conclusion(
         pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
     make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})

@@ -133,6 +133,10 @@ def attach(record: dict[str, Any], run_dir: Path,
         runs.append({"process": k, "dir": d.name, "role": "measured", "used": why is None,
                      "reason": why, "run_id": other.get("run_id"),
                      "window": other.get("window"),
+                     # the plugin's own seconds on this process (session + its analysis) and
+                     # the process's wall time: benchmarks/bench_overhead.py --processes
+                     "overhead_s": other.get("overhead_s"),
+                     "process_wall_s": other.get("process_wall_time"),
                      "contamination": _contamination(other)})
         if why is None:
             for phase in PHASES:
