@@ -523,6 +523,11 @@ class MatrixHooks:
         if nextitem is None and ms.ran and not (ms.plan or ms.dry):
             from pytest_rlkernel_matrix.extra_runs import run_measured
 
+            total = ms.matrix.performance.processes
+            reporter = self.config.pluginmanager.getplugin("terminalreporter")
+            if total > 1 and reporter is not None and not self.is_worker:
+                reporter.write_line(f"rlk: measured runs: processes 2-{total} of "
+                                    f"{plural(len(ms.ran), 'run')}, interleaved round by round")
             run_measured(ms)
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:

@@ -202,13 +202,14 @@ def compare_processes(num: Groups, den: Groups, policy: Policy, label: str) -> R
                           "([performance] min_processes)")
     ratio = low = high = None
     if sa["n"] and sb["n"] and (sb["median"] or 0) > 0:
-        ratio, low, high = bootstrap_processes(ga, gb, policy.confidence,
-                                               resamples_for(policy.confidence))
         if single or min(procs) < policy.min_processes or sa["n"] < 2 or sb["n"] < 2:
             # An interval over the steps of one process misses the between-process variation:
-            # none is shown rather than one that looks tighter than the truth.
-            low = high = None
-        elif low <= 1.0 <= high:
+            # none is shown rather than one that looks tighter than the truth (none drawn).
+            ratio = float(sa["median"]) / float(sb["median"])
+        else:
+            ratio, low, high = bootstrap_processes(ga, gb, policy.confidence,
+                                                   resamples_for(policy.confidence))
+        if low is not None and high is not None and low <= 1.0 <= high:
             reasons.append(f"the {level(policy.confidence)} interval includes 1")
     if not reasons and ratio is not None and low is not None and high is not None:
         conclusion = "slower" if low > 1.0 else "faster"
