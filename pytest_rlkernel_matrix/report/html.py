@@ -258,8 +258,10 @@ def _performance(report: Mapping[str, Any]) -> View | None:
     views = []
     for m in modules:
         stmts = [s for s in _list(m.get("statements")) if isinstance(s, Mapping)]
-        rows = [[_fmt(s.get("side")), _fmt(str(s.get("phase")).removesuffix("_wall_time")),
-                 _t(s.get("kind"), "ok" if s.get("kind") in ("slower", "faster") else "na"),
+        marks = {"slower": "no", "faster": "ok"}
+        rows = [[_fmt(s.get("side")),
+                 _fmt(str(s.get("phase")).removesuffix("_wall_time").replace("_", " ")),
+                 _t(s.get("kind"), marks.get(str(s.get("kind")), "na")),
                  str(s.get("text") or "-")] for s in stmts]
         cells = _map(m.get("cells"))
         prow = [[case, *(_interval(_map(cells.get(case)).get(p)) for p in phases)]
