@@ -242,6 +242,21 @@ def test_contaminated_or_single_process_cells_state_nothing() -> None:
     assert "--rlk-processes=3" in line
 
 
+def test_measured_cells_whose_runs_were_all_dropped_say_why_not_how() -> None:
+    """Three processes asked for, none counted (noise): the line gives the reason, never the
+    advice to run several processes."""
+    records = []
+    for r in _module("ffn", 1.5):
+        one = {k: {"steps": v["steps"][:6]} for k, v in r["phase_spread"].items()}
+        records.append(dict(r, phase_spread=one, performance_usable=False,
+                            measured={"requested": 3, "ran": 3, "used": 0},
+                            validity={"performance": {"reasons": [
+                                "process 2 (measured.2) not counted: timings not usable: noise"]}}))
+    line = performance(records)["modules"][0]["line"]
+    assert "--rlk-processes" not in line and "one process per cell" not in line, line
+    assert "not counted: timings not usable: noise" in line, line
+
+
 def test_min_processes_below_two_is_refused_with_the_way_to_supply_processes(
         tmp_path: Path) -> None:
     path = tmp_path / "matrix.toml"

@@ -62,11 +62,13 @@ def _groups(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str],
     return dict(sorted(by_key.items(), key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))))
 
 
-def statement(ratio: Any, side: str, phase: str) -> dict[str, Any]:
-    """One comparison's statement from its `stats.Ratio` (at the family's level)."""
+def statement(ratio: Any, side: str, phase: str, measured: bool = False) -> dict[str, Any]:
+    """One comparison's statement from its `stats.Ratio` (at the family's level); `measured`:
+    the cells ran several processes, so "one process per cell" is not why (dropped ones are)."""
     what = "phase" if phase != "step_wall_time" else "time"
     subject = f"the {_phase(phase)} {what}" if phase != "step_wall_time" else "the step time"
     out: dict[str, Any] = {"side": side, "phase": phase, "ratio": ratio.ratio, "low": ratio.low,
+                           "why": None,
                            "high": ratio.high, "confidence": ratio.confidence,
                            "processes": list(ratio.processes), "n": list(ratio.n),
                            "reasons": list(ratio.reasons)}
@@ -82,8 +84,11 @@ def statement(ratio: Any, side: str, phase: str) -> dict[str, Any]:
         out["kind"] = "no difference"
         out["text"] = f"R on the {side} side: no difference measured in {subject} ({figures})"
     else:
-        why = ratio.reasons[0] if ratio.reasons else ratio.conclusion
+        one = ONE_PROCESS.removeprefix("no conclusion: ")
+        why = next((r for r in ratio.reasons if not (measured and r == one)),
+                   ratio.reasons[0] if ratio.reasons else ratio.conclusion)
         out["kind"] = "no statement"
+        out["why"] = why
         out["text"] = f"R on the {side} side, {subject}: no statement ({why}; {figures})"
     return out
 
@@ -100,10 +105,11 @@ def _short(s: Mapping[str, Any]) -> str:
 
 
 def module_line(hardware: str, module: str, stmts: Sequence[Mapping[str, Any]],
-                confidence: float, family: int) -> str:
+                confidence: float, family: int, measured: bool = False) -> str:
     """The terminal's one line for a module: per side its statements (or why there is none)."""
-    if stmts and all(ONE_PROCESS.removeprefix("no conclusion: ") in (s["reasons"] or [""])[0]
-                     for s in stmts):
+    if not measured and stmts and all(
+            ONE_PROCESS.removeprefix("no conclusion: ") in (s["reasons"] or [""])[0]
+            for s in stmts):
         return f"{hardware} {module} performance: {ONE_PROCESS}; {HOW}"
     parts = []
     for side, _, own in SIDES:
@@ -115,7 +121,8 @@ def module_line(hardware: str, module: str, stmts: Sequence[Mapping[str, Any]],
             parts.append(f"R on the {side} side: " + ", ".join(_short(s) for s in said + null))
         else:
             first = next((s for s in mine if s["phase"] == own), mine[0] if mine else None)
-            why = (first["reasons"] or ["no timings"])[0] if first else "no timings"
+            why = ((first.get("why") or (first["reasons"] or ["no timings"])[0]) if first
+                   else "no timings")
             parts.append(f"R on the {side} side: no statement ({why})")
     return (f"{hardware} {module} performance: " + "; ".join(parts)
             + f" ({DIRECTION}; {level(confidence)} intervals, Bonferroni over {family} "
@@ -146,14 +153,17 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         entry: dict[str, Any] = {"hardware": hardware, "module": module, "statements": []}
         if all(c in cells for c in CELLS):
             rr = cells["R/R"]
+            # several processes asked for: dropped ones, not "one process per cell", say why
+            measured = all(int((c.get("measured") or {}).get("requested") or 1) > 1
+                           for c in cells.values())
             for side, case, _ in SIDES:
                 for phase in PHASES:
                     if process_steps(rr, phase) and process_steps(cells[case], phase):
                         label = f"{_phase(phase)} time R/R / {case}"
                         ratio = timing_ratio(rr, cells[case], phase, label, policy)
-                        entry["statements"].append(statement(ratio, side, phase))
+                        entry["statements"].append(statement(ratio, side, phase, measured))
             entry["line"] = module_line(hardware, module, entry["statements"],
-                                        policy.confidence, family)
+                                        policy.confidence, family, measured)
         else:
             missing = ", ".join(c for c in CELLS if c not in cells)
             entry["line"] = (f"{hardware} {module} performance: no statement (cells not in "
