@@ -268,6 +268,11 @@ class MatrixSession:
             out.append(f"# {', '.join(names)}  (mode {mode})")
             out.append(self.launcher.render(job))
             out.append("")
+        if self.matrix.performance.processes > 1:
+            n = self.matrix.performance.processes
+            out.append(f"# then process{'es 2-' if n > 2 else ' '}{n} of each valid run "
+                       "as measured runs (<run>/measured.<k>, RLK_MATRIX_RUN_ROLE=measured), "
+                       "interleaved round by round after the last item")
         return self.scrubber.text("\n".join(out))
 
     # -- running --------------------------------------------------------------------------------
