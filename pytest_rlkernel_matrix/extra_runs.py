@@ -44,8 +44,8 @@ def run_measured(ms: Any) -> int:
     run's record again (with its measured runs). Returns how many measured runs ran."""
     total = int(ms.matrix.performance.processes)
     todo, ms.ran = list(ms.ran), []
-    if total <= 1 or not todo:
-        return 0
+    if total <= 1 or not todo or ms.matrix.runner.launcher != "local":
+        return 0  # a scheduler's node cannot be sampled: its timings are never usable
     runs = [(c, m, d, h) for c, m, d, h in todo if _wanted(d)]
     count = 0
     for k in range(2, total + 1):

@@ -144,7 +144,10 @@ def attach(record: dict[str, Any], run_dir: Path,
                     groups[phase].append(_steps(other, phase))
     used = sum(1 for r in runs if r["used"])
     notes: list[str] = []
-    if record.get("verdict") != "valid" and not found:
+    if record.get("scheduler") and not found:
+        notes.append("no measured runs: under a scheduler's launcher the node cannot be sampled "
+                     "for contamination, so no timing of it is usable")
+    elif record.get("verdict") != "valid" and not found:
         notes.append(f"no measured runs: the correctness run is {record.get('verdict')}")
     elif 1 + len(found) < wanted:
         notes.append(f"{1 + len(found)} of {wanted} processes ran (the session stopped early, "
