@@ -48,22 +48,24 @@ def run_measured(ms: Any) -> int:
         return 0  # a scheduler's node cannot be sampled: its timings are never usable
     runs = [(c, m, d, h) for c, m, d, h in todo if _wanted(d)]
     count = 0
-    for k in range(2, total + 1):
-        for cell, mode, run_dir, hook in runs:
-            target = run_dir / f"{MEASURED_PREFIX}{k}"
-            if target.exists():
-                continue  # never overwrite; the analysis counts what is there
-            meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
-            job = ms._prepare(cell, mode, target, hook, run_id=f"{meta['run_id']}.p{k}",
-                              extra_env={ROLE_VAR: "measured", PROCESS_VAR: str(k)})
-            outcome = ms._wait(cell, job)
-            ms._finish(cell, mode, target, outcome.result, job.recorded, [], outcome,
-                       cpu_share=job.cpu_share, analyze=False)
-            count += 1
-            if outcome.result.interrupted:
-                raise KeyboardInterrupt
-    for cell, _, run_dir, _ in runs:
-        ms.write_json(run_dir / RECORD_CACHE, ms._analyze(run_dir, cell))
+    try:
+        for k in range(2, total + 1):
+            for cell, mode, run_dir, hook in runs:
+                target = run_dir / f"{MEASURED_PREFIX}{k}"
+                if target.exists():
+                    continue  # never overwrite; the analysis counts what is there
+                meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
+                job = ms._prepare(cell, mode, target, hook, run_id=f"{meta['run_id']}.p{k}",
+                                  extra_env={ROLE_VAR: "measured", PROCESS_VAR: str(k)})
+                outcome = ms._wait(cell, job)
+                ms._finish(cell, mode, target, outcome.result, job.recorded, [], outcome,
+                           cpu_share=job.cpu_share, analyze=False)
+                count += 1
+                if outcome.result.interrupted:
+                    raise KeyboardInterrupt
+    finally:  # stopped or not: each record with the measured runs that did run (and why not)
+        for cell, _, run_dir, _ in runs:
+            ms.write_json(run_dir / RECORD_CACHE, ms._analyze(run_dir, cell))
     return count
 
 
