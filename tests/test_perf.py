@@ -31,12 +31,14 @@ from pytest_rlkernel_matrix.report.attribution import (
 )
 from pytest_rlkernel_matrix.report.html import render_html
 from pytest_rlkernel_matrix.run.contamination import (
+    Sampler,
     judge,
     parse_compute_apps,
     parse_gpu_clocks,
     parse_pid_stat,
     parse_rocm_pids,
     read_proc_stat,
+    read_proc_stat_cpus,
 )
 from pytest_rlkernel_matrix.spec.limits import Policy
 
@@ -263,6 +265,28 @@ def test_proc_and_gpu_parsers() -> None:
     rocm = ("======= ROCm System Management Interface =======\nKFD process information:\n"
             "PID\tPROCESS NAME\tGPU(s)\tVRAM USED\n31337\tpython3\t1\t1048576\n")
     assert parse_rocm_pids(rocm) == [31337]
+
+
+def test_a_pinned_cell_is_measured_on_its_own_cpus(tmp_path: Path) -> None:
+    """Per-CPU lines: busy time on CPUs the cell does not own is not its contamination; its
+    sampler records what it owned and measures the devices as its CPU share."""
+    text = ("cpu  300 0 0 1000 0 0 0 0\ncpu0 100 0 0 500 0 0 0 0\n"
+            "cpu1 200 0 0 500 0 0 0 0\nintr 1\n")
+    assert read_proc_stat_cpus(text, {0}) == (100, 600)
+    assert read_proc_stat_cpus(text, {0, 1}) == read_proc_stat(text)
+    with pytest.raises(ValueError):
+        read_proc_stat_cpus(text, {7})
+    mine = sorted(__import__("os").sched_getaffinity(0))[:1]
+    sampler = Sampler(root=tmp_path, run_id="r", backend="cpu", env={}, policy=Policy(),
+                      cpus=mine)
+    assert sampler.devices == [f"cpu:{mine[0]}"] and sampler.ncpu == 1
+    assert sampler.owned["cpus"] == mine
+    assert sampler.owned["cpu_time_measured_on"] == "the cell's 1 CPU(s)"
+    unpinned = Sampler(root=tmp_path, run_id="r", backend="cpu", env={}, policy=Policy())
+    assert unpinned.owned["cpus"] is None and len(unpinned.devices) >= 1
+    gpu = Sampler(root=tmp_path, run_id="r", backend="cuda",
+                  env={"CUDA_VISIBLE_DEVICES": "1"}, policy=Policy(), cpus=mine)
+    assert gpu.devices == ["cuda:1"] and gpu.owned["gpus"] == ["cuda:1"]
 
 
 def test_judge_limits() -> None:
