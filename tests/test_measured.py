@@ -281,3 +281,28 @@ def test_the_docs_vime_example_gives_enough_steps() -> None:
             if line.strip().startswith("repeats ="):
                 assert int(line.split("=")[1].split("#")[0]) >= 5, (lang, line)
     assert os.sep  # (the docs exist in both languages)
+
+
+def test_a_measured_run_whose_route_changed_or_failed_is_dropped() -> None:
+    from pytest_rlkernel_matrix.report.measured import drop_reason
+
+    def rec(impl: str = "rl_kernel", **extra: Any) -> dict[str, Any]:
+        route = {"implementation": impl, "backend_ids": [f"{impl}.ffn"], "fallback": False}
+        return {"verdict": "valid", "exit_code": 0, "fallbacks": [], "reasons": [],
+                "routes": {"ffn": {"requested": "R/R", "training": dict(route),
+                                   "rollout": dict(route)}},
+                "validity": {"performance": {"valid": True, "reasons": []}}, **extra}
+
+    first = rec()
+    assert drop_reason(first, rec()) is None
+    changed = rec()
+    changed["routes"]["ffn"]["rollout"] = {"implementation": "production",
+                                           "backend_ids": ["vllm.production.ffn"],
+                                           "fallback": False}
+    assert drop_reason(first, changed) == ("route changed: ffn rollout rl_kernel rl_kernel.ffn "
+                                           "-> production vllm.production.ffn")
+    assert drop_reason(first, rec(exit_code=1, verdict="error",
+                                  reasons=["exit code 1"])) == "error: exit code 1"
+    assert drop_reason(first, rec(timed_out=True)) == "timed out"
+    noisy = rec(validity={"performance": {"valid": False, "reasons": ["noise: spread 80%"]}})
+    assert drop_reason(first, noisy) == "timings not usable: noise: spread 80%"
