@@ -320,24 +320,25 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     conclusion: ...". Every ratio has the direction of the terminal's attribution (`DIRECTION`):
     the R/R baseline's time over the cell's, i.e. time with R over time with P.
     """
-    from pytest_rlkernel_matrix.judge.stats import DIRECTION
+    from pytest_rlkernel_matrix.judge.stats import DIRECTION, level
     from pytest_rlkernel_matrix.report.attribution import (
         SIDES,
-        policy_of,
+        comparisons,
+        family_policy,
         side_ratios,
         timing_ratio,
     )
 
     cells = report["cells"]
     assert isinstance(cells, list)
-    policy = policy_of(cells)
+    policy = family_policy(cells)  # the intervals widened for the report's comparisons
     base = {(c["hardware"], c["module"]): c for c in cells if c["case"] == "R/R"}
     native = {(c["hardware"], c["module"]): c for c in cells if c["case"] == "P/P"}
-    level = f"{policy.confidence:.0%}"
+    level_ = level(policy.confidence)
     lines = [
         "| hardware | module | case | verdict | mismatches / active | max abs dlogp | "
         "mean abs dlogp | rollout s | training s | step s | steps | "
-        f"step time, R/R baseline / this cell ({DIRECTION}) [{level} CI] |",
+        f"step time, R/R baseline / this cell ({DIRECTION}) [{level_} CI] |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
@@ -362,7 +363,7 @@ def markdown_table(report: dict[str, object]) -> list[str]:
             f"| {_fmt(n, 'd')} | {shown} |"
         )
     lines += ["", "| hardware | module | step time, R/R run / this module's P/P run "
-              f"(R over P for the module, not the case R/P) [{level} CI] |", "| --- | --- | --- |"]
+              f"(R over P for the module, not the case R/P) [{level_} CI] |", "| --- | --- | --- |"]
     for key, rr in base.items():
         pp = native.get(key)
         if pp and rr.get("step_wall_time") and pp.get("step_wall_time"):
@@ -370,9 +371,10 @@ def markdown_table(report: dict[str, object]) -> list[str]:
                          f"{_ratio_cell(timing_ratio(rr, pp, 'step_wall_time', '', policy))} |")
     lines += ["", f"Rule: a ratio is a conclusion only with at least {policy.min_steps} measured "
               f"steps and {policy.min_processes} processes per cell, a relative spread at most "
-              f"{policy.max_relative_spread:.0%}, usable (uncontaminated) timings and a {level} "
-              "bootstrap interval (processes, then steps) excluding 1; with one process per "
-              "cell no interval is shown."]
+              f"{policy.max_relative_spread:.0%}, usable (uncontaminated) timings and a {level_} "
+              "bootstrap interval (processes, then steps) excluding 1, the declared confidence "
+              f"widened for the report's {comparisons(cells)} comparisons (Bonferroni); with one "
+              "process per cell no interval is shown."]
     return lines
 
 

@@ -83,4 +83,9 @@ def plan_text(ms: MatrixSession, cells: Sequence[Cell], mode: str) -> str:
             out += run_time_note(owner.hardware, later)
         out.append(ms.launcher.render(job))
         out.append("")
+    if ms.matrix.performance.processes > 1:
+        n = ms.matrix.performance.processes
+        out.append(f"# then process{'es 2-' if n > 2 else ' '}{n} of each valid run "
+                   "as measured runs (<run>/measured.<k>, RLK_MATRIX_RUN_ROLE=measured), "
+                   "interleaved round by round after the last item")
     return ms.scrubber.text("\n".join(out))

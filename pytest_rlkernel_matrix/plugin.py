@@ -65,6 +65,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rlk-repeat-baseline", action="store_true", default=False,
                     help="run the all-R baseline twice (same seed, separate processes) and "
                     "judge the run_to_run_bitwise claim ([reproducibility] runs = 2)")
+    group.addoption("--rlk-processes", metavar="N", type=int, default=None,
+                    help="processes per cell: the correctness run, then N-1 measured runs "
+                    "interleaved across the cells, so timings support a statement (default: "
+                    "[performance] processes, else 1)")
     group.addoption("--rlk-plan", action="store_true", default=False,
                     help="print each cell's env and command; run nothing")
     group.addoption("--rlk-probe", action="store_true", default=False,
@@ -213,6 +217,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("rlk_repeat_baseline"):
         matrix = matrix.model_copy(update={
             "reproducibility": matrix.reproducibility.model_copy(update={"runs": 2})})
+    processes = config.getoption("rlk_processes")
+    if processes is not None:
+        if not 1 <= processes <= 64:
+            raise pytest.UsageError(f"--rlk-processes={processes}: a number from 1 to 64")
+        matrix = matrix.model_copy(update={
+            "performance": matrix.performance.model_copy(update={"processes": processes})})
     plan = bool(config.getoption("rlk_plan"))
     # --collect-only and --rlk-plan run nothing, so they write nothing either.
     dry = plan or bool(config.getoption("collectonly"))
@@ -427,6 +437,21 @@ def matrix_nodeid(config: pytest.Config, path: Path) -> str:
     return rel.replace(os.sep, "/")
 
 
+def _performance_lines(ms: MatrixSession) -> list[str]:
+    """One line per module: the performance statements the written report holds."""
+    import json
+
+    from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE
+
+    try:
+        perf = json.loads((ms.root / REPORT_FILE).read_text(encoding="utf-8"))["performance"]
+    except (OSError, ValueError, KeyError, TypeError):
+        from pytest_rlkernel_matrix.report.perf import performance
+
+        perf = performance(list(ms.records.values()))
+    return [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]
+
+
 class MatrixHooks:
     """Hooks active only in sessions that collect a matrix file (registered per session)."""
 
@@ -498,6 +523,20 @@ class MatrixHooks:
             reporter.write_line(self.progress.line(
                 f"{record['hardware']} {record['module']} {record['case']}: {record['verdict']}"))
 
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        """After this process's last item: the measured runs of the runs it started
+        (`[performance] processes`), interleaved round by round (`extra_runs`)."""
+        ms = self.session
+        if nextitem is None and ms.ran and not (ms.plan or ms.dry):
+            from pytest_rlkernel_matrix.extra_runs import run_measured
+
+            total = ms.matrix.performance.processes
+            reporter = self.config.pluginmanager.getplugin("terminalreporter")
+            if total > 1 and reporter is not None and not self.is_worker:
+                reporter.write_line(f"rlk: measured runs: processes 2-{total} of "
+                                    f"{plural(len(ms.ran), 'run')}, interleaved round by round")
+            run_measured(ms)
+
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         verdict = getattr(report, "rlk_verdict", None)
         if verdict is None or report.when != "call" or verdict == "not_run":
@@ -549,6 +588,8 @@ class MatrixHooks:
         for entry in [*attribute(list(ms.records.values())),
                       *attribute_factors(list(ms.records.values()))]:
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
+        for line in _performance_lines(ms):
+            tr.write_line(line)
         for rec in sorted(ms.records.values(), key=lambda r: (r["hardware"], r["module"],
                                                               r["case"])):
             loc = rec.get("localisation")
@@ -591,6 +632,9 @@ class MatrixHooks:
                     f"{', '.join(map(str, left[:20]))}")
             before = set(ms.records)
             ms.recover_records()
+            from pytest_rlkernel_matrix.extra_runs import refresh
+
+            refresh(ms)  # the measured runs ran after the items reported
             ms.write_report()
         self._count_recovered([ms.records[k] for k in ms.records if k not in before])
 

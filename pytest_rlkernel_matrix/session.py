@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix import extra_runs
+from pytest_rlkernel_matrix.extra_runs import RECORD_CACHE
 from pytest_rlkernel_matrix.judge import preload
 from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, build_report
 from pytest_rlkernel_matrix.report.record import (
@@ -51,7 +53,6 @@ from pytest_rlkernel_matrix.spec.matrix import MatrixFile
 from pytest_rlkernel_matrix.store.atomic import write_json_atomic, write_text_atomic
 from pytest_rlkernel_matrix.store.redact import Scrubber
 
-RECORD_CACHE = "cell-record.json"
 PREFLIGHT_FILE = "preflight.json"
 
 
@@ -128,6 +129,9 @@ class MatrixSession:
     scrubber: Scrubber = field(default_factory=Scrubber)
     # Per run directory: seconds the plugin spent around the cell's processes (`overhead`).
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
+    # (cell, mode, run directory, env hook) of each run this process started, in order: the
+    # measured runs (`[performance] processes`) repeat them round by round (`extra_runs`).
+    ran: list[tuple[Cell, str, Path, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Secret values this session can see: its environment, the matrix file's env tables and
@@ -208,12 +212,13 @@ class MatrixSession:
         return (base / os.path.expandvars(cwd)).resolve() if cwd else base
 
     def environment(self, cell: Cell, mode: str, run_dir: Path,
-                    base: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+                    base: Mapping[str, str] | None = None,
+                    run_id: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
         runner = self.matrix.runner
         profile = self.matrix.hardware[cell.hardware]
         topo = profile.topology
         contract = contract_env(cell, mode=mode, aligned=self.matrix.matrix.aligned,
-                                run_id=self.run_id(cell, run_dir), artifact_dir=run_dir,
+                                run_id=run_id or self.run_id(cell, run_dir), artifact_dir=run_dir,
                                 repeats=runner.repeats, warmup=runner.warmup,
                                 topology={"tp": topo.tp, "cp": topo.cp, "pp": topo.pp,
                                           "gpus_per_cell": topo.devices_per_cell})
@@ -327,13 +332,17 @@ class MatrixSession:
         return []
 
     def _prepare(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any,
-                 attempt: int = 1) -> CellJob:
-        """Create the run directory with `matrix-case.env`: what any launcher needs."""
+                 attempt: int = 1, run_id: str | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> CellJob:
+        """Create the run directory with `matrix-case.env`: what any launcher needs (`run_id`,
+        `extra_env`: a measured run's own id and role variables)."""
         start = time.perf_counter()
         run_dir.mkdir(parents=True, exist_ok=True)
         for sub in ARTIFACT_SUBDIRS.values():
             (run_dir / sub).mkdir(exist_ok=True)
-        env, recorded = self.environment(cell, mode, run_dir)
+        env, recorded = self.environment(cell, mode, run_dir, run_id=run_id)
+        env.update(extra_env or {})
+        recorded.update(extra_env or {})
         share = self.cpu_share(cell)
         if env_hook is not None:
             extra: dict[str, str] = {}
@@ -399,7 +408,9 @@ class MatrixSession:
                 outcome = self.launcher.wait(job)
             else:
                 with contamination.watch(
-                        root=self.root, run_dir=job.run_dir, run_id=self.run_id(cell, job.run_dir),
+                        root=self.root, run_dir=job.run_dir,
+                        run_id=job.env.get("RL_KERNEL_RUN_ID") or self.run_id(cell, job.run_dir),
+                        cpus=job.cpus,
                         backend=self.matrix.hardware[cell.hardware].backend, env=job.env,
                         policy=Policy(**self.matrix.performance.model_dump())):
                     outcome = self.launcher.wait(job)
@@ -437,7 +448,7 @@ class MatrixSession:
         record = self._finish(cell, mode, run_dir, outcome.result, recorded, blockers, outcome,
                               cpu_share=job.cpu_share)
         if not self.launcher.retryable(outcome) or job.attempt != 1:
-            record = self._maybe_probe(cell, run_dir, job, record)
+            record = extra_runs.maybe_probe(self, cell, run_dir, job, record)
         if (self.launcher.retryable(outcome) and job.attempt == 1
                 and not outcome.result.interrupted):
             retry_dir = run_dir.with_name(f"{run_dir.name}.attempt2")
@@ -456,61 +467,21 @@ class MatrixSession:
             record = self._finish(cell, mode, retry_dir, outcome.result, retry.recorded,
                                   blockers, outcome, cpu_share=retry.cpu_share)
             if not outcome.result.interrupted:  # the attempt that decides gets the probe
-                record = self._maybe_probe(cell, retry_dir, retry, record)
+                record = extra_runs.maybe_probe(self, cell, retry_dir, retry, record)
         if outcome.result.interrupted:
             raise KeyboardInterrupt
         names = [c.name for c in self.cells if c.run_key == cell.run_key] + [cell.name]
         if self.matrix.reproducibility.chooses(names, cell.is_baseline) and not blockers:
-            record = self._repeat(cell, mode, Path(self.root / record["artifact_dir"]),
-                                  env_hook) or record
-        return record
-
-    def _repeat(self, cell: Cell, mode: str, run_dir: Path, env_hook: Any) -> dict | None:
-        """`[reproducibility] runs = 2`: the same cell again, same seed, its own process and
-        run directory (`<run>.repeat2`, never overwritten); the first run's record then judges
-        run_to_run_bitwise against it."""
-        again = run_dir.with_name(f"{run_dir.name}.repeat2")
-        if again.exists():
-            return None
-        job = self._prepare(cell, mode, again, env_hook)
-        outcome = self._wait(cell, job)
-        self._finish(cell, mode, again, outcome.result, job.recorded, [], outcome)
-        meta_path = run_dir / CELL_RUN_FILE
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        meta["policy"] = {**meta.get("policy", {}), "repeat_dir": again.name}
-        write_json_atomic(meta_path, meta)
-        record = self._analyze(run_dir, cell)
-        self.write_json(run_dir / RECORD_CACHE, record)
-        if outcome.result.interrupted:
-            raise KeyboardInterrupt
-        return record
-
-    def _maybe_probe(self, cell: Cell, run_dir: Path, job: CellJob,
-                     record: dict[str, Any]) -> dict[str, Any]:
-        """`--rlk-probe` / `[probe] when = "drift"`: a cell whose run completed and drifted gets a
-        separate probe run (its own directory under the cell's; the measured run is left as it
-        is); a timed-out or errored one gets `probe-note.json` saying why none was run."""
-        from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_plan, write_probe_note
-
-        if not (self.probe or self.matrix.probe.when == "drift"):
-            return record
-        plan = probe_plan(record, self.matrix.runner.launcher)
-        if plan is None:
-            return record  # completed without drift: nothing to localise
-        if plan != "probe":
-            write_probe_note(run_dir, plan, write=self.write_json)
-        else:
-            probe_cell(run_dir, command=job.command, cwd=job.cwd, env=dict(job.env),
-                       timeout=self.matrix.runner.timeout, budget=self.matrix.probe.tokens,
-                       controls=self.matrix.probe.controls, write=self.write_json)
-        record = self._analyze(run_dir, cell)  # picks the probe's localisation.json up
-        self.write_json(run_dir / RECORD_CACHE, record)
+            record = extra_runs.repeat(self, cell, mode, Path(self.root / record["artifact_dir"]),
+                                       env_hook) or record
+        if record.get("artifact_dir"):
+            self.ran.append((cell, mode, self.root / record["artifact_dir"], env_hook))
         return record
 
     def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,
                 recorded: Mapping[str, str], blockers: list[list[str]],
-                outcome: Outcome | None = None,
-                cpu_share: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                outcome: Outcome | None = None, cpu_share: Mapping[str, Any] | None = None,
+                analyze: bool = True) -> dict[str, Any]:
         fingerprints: dict[str, str] = dict(self.fingerprints)
         scheduler = outcome.scheduler if outcome is not None else None
         if scheduler is not None:
@@ -525,7 +496,7 @@ class MatrixSession:
             "session": self.token,
             "cell": cell_to_dict(cell),
             "mode": mode,
-            "run_id": self.run_id(cell, run_dir),
+            "run_id": recorded.get("RL_KERNEL_RUN_ID") or self.run_id(cell, run_dir),
             "artifact_dir": str(run_dir.relative_to(self.root)),
             "run": result.as_dict(),
             "timeout": self.matrix.runner.timeout,
@@ -547,6 +518,8 @@ class MatrixSession:
                  "record_write_s": time.perf_counter() - start, "import_wait_s": preload.join()}
         meta["overhead"] = {k: round(v, 6) for k, v in spent.items()}
         self.write_json(run_dir / CELL_RUN_FILE, meta)  # cell-run.json's first write: timed
+        if not analyze:  # a measured run: its cell's analysis reads it (`report.measured`)
+            return meta
         record = self._analyze(run_dir, cell)
         self.write_json(run_dir / RECORD_CACHE, record)
         return record

@@ -4,7 +4,10 @@ RL-Kernel-format artifacts, with one planted fault chosen by `FAKE_SCENARIO`.
 Scenarios: clean (default), silent_fallback, recorded_fallback, unsupported, contract_mismatch,
 stale_weight, crash, hang, nan, missing_readback, build_failure, no_perf, profiler, slow,
 no_contract (no operator declares an arithmetic_contract).
-`FAKE_STEP_TIMES` / `FAKE_BUSY_SECONDS`: measured step times to print and seconds to stay alive.
+`FAKE_STEP_TIMES` / `FAKE_BUSY_SECONDS`: measured step times to print and seconds to stay alive;
+`FAKE_SLOW=<module>:<side>:<factor>` plants a slowdown of that side's phase where the module runs
+R there, `FAKE_JITTER=<j>` varies each phase time by up to +-j (per process and step);
+`FAKE_MEASURED_SCENARIO`: the scenario of measured runs (`RLK_MATRIX_RUN_ROLE=measured`).
 `FAKE_ONLY_WHEN=<cases key>` (e.g. `A-RR_F-RR_L-RR`) plants the fault in that run only.
 A P side adds a deterministic drift to that side's logprobs, so P cells drift and R/R does not.
 
@@ -107,6 +110,8 @@ def main() -> int:
     key = "_".join(f"{m[0].upper()}-{cases[m].replace('/', '')}" for m in MODULES)
     only = env.get("FAKE_ONLY_WHEN")
     scenario = env.get("FAKE_SCENARIO", "clean") if (not only or only == key) else "clean"
+    if env.get("RLK_MATRIX_RUN_ROLE") == "measured" and env.get("FAKE_MEASURED_SCENARIO"):
+        scenario = env["FAKE_MEASURED_SCENARIO"] if (not only or only == key) else "clean"
     print(f"fake framework: run {env.get('RL_KERNEL_RUN_ID')} cases {key} scenario {scenario}")
 
     if scenario == "crash":
@@ -199,11 +204,29 @@ def main() -> int:
     if scenario != "no_perf":
         # FAKE_STEP_TIMES="1.0,2.5,...": one perf record per step with that step time (rollout
         # 46%, training 38% of it); FAKE_BUSY_SECONDS keeps the process alive that long.
+        # FAKE_SLOW=<module>:<side>:<factor>: the phase of that side takes <factor> times as
+        # long wherever that module runs R on that side (vime-style perf lines only, as the
+        # drill RLK_REF_FAULT=slow:... does for real kernels); FAKE_JITTER=<j>: each phase time
+        # times a uniform (1 +- j) drawn per process and step (real between-process variation).
         times = [float(t) for t in env.get("FAKE_STEP_TIMES", "3.25").split(",") if t.strip()]
+        slow = {"rollout": 1.0, "training": 1.0}
+        if env.get("FAKE_SLOW"):
+            module, side, factor = env["FAKE_SLOW"].split(":")
+            if cases[module][0 if side == "training" else 2] == "R":
+                slow[side] = float(factor)
+        import random
+
+        rng = random.Random(f"{os.getpid()}-{time.time_ns()}")
+        jitter = float(env.get("FAKE_JITTER", "0"))
         for i, t in enumerate(times):
-            print(f"perf {i}: {{'perf/rollout_time': {t * 1.5 / 3.25!r}, "
+            def jit() -> float:
+                return 1.0 + rng.uniform(-jitter, jitter)
+            rollout = t * 1.5 / 3.25 * slow["rollout"] * jit()
+            train = t * 1.25 / 3.25 * slow["training"] * jit()
+            step = t if not (env.get("FAKE_SLOW") or jitter) else rollout + train + 0.5
+            print(f"perf {i}: {{'perf/rollout_time': {rollout!r}, "
                   "'perf/tokens_per_gpu_per_sec': 1000.0}")
-            print(f"perf {i}: {{'perf/step_time': {t!r}, 'perf/train_time': {t * 1.25 / 3.25!r}, "
+            print(f"perf {i}: {{'perf/step_time': {step!r}, 'perf/train_time': {train!r}, "
                   "'perf/update_weights_time': 0.5, 'perf/tokens_per_sec': 800.0, "
                   "'perf/peak_memory_bytes': 1048576}")
     time.sleep(float(env.get("FAKE_BUSY_SECONDS", "0")))

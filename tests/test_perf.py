@@ -20,22 +20,27 @@ from pytest_rlkernel_matrix.judge.stats import (
     bootstrap_ratio,
     compare,
     compare_processes,
+    level,
     summary,
 )
 from pytest_rlkernel_matrix.report.attribution import (
     UNUSABLE,
     attribute,
+    comparisons,
+    family_policy,
     no_conclusion_reason,
     timing_ratio,
 )
 from pytest_rlkernel_matrix.report.html import render_html
 from pytest_rlkernel_matrix.run.contamination import (
+    Sampler,
     judge,
     parse_compute_apps,
     parse_gpu_clocks,
     parse_pid_stat,
     parse_rocm_pids,
     read_proc_stat,
+    read_proc_stat_cpus,
 )
 from pytest_rlkernel_matrix.spec.limits import Policy
 
@@ -215,7 +220,10 @@ def test_table_and_terminal_give_one_ratio_in_one_direction() -> None:
              _record("R/P", SLOW, processes=(1.0, 1.02, 0.98), phases=rr_phases),
              _record("P/P", FAST, processes=PROCS)]
     text = "\n".join(markdown_table({"cells": cells}))
-    assert f"step time, R/R baseline / this cell ({DIRECTION}) [95% CI]" in text
+    # Every interval at the family's level: 95% widened for the report's comparisons.
+    shown_level = level(family_policy(cells).confidence)
+    assert comparisons(cells) > 1 and shown_level != "95%"
+    assert f"step time, R/R baseline / this cell ({DIRECTION}) [{shown_level} CI]" in text
     assert "step time, R/R run / this module's P/P run (R over P for the module, not the case " \
         "R/P)" in text
     entry = attribute(cells)[0]
@@ -223,7 +231,8 @@ def test_table_and_terminal_give_one_ratio_in_one_direction() -> None:
     shown = f"{step['ratio']:.2f} [{step['low']:.2f}, {step['high']:.2f}] slower"
     row = next(line for line in text.splitlines() if "| P/R |" in line)
     assert row.endswith(f"| {shown} |") and step["ratio"] > 1, (row, shown)
-    assert f"step time R/R / P/R {shown.removesuffix(' slower')} 95% CI" in entry["conclusion"]
+    assert f"step time R/R / P/R {shown.removesuffix(' slower')} {shown_level} CI" in \
+        entry["conclusion"]
     # A step ratio the side's phase does not carry: no statement in either place.
     cells[0] = _record("R/R", SLOW, processes=PROCS)
     entry = attribute(cells)[0]
@@ -313,6 +322,28 @@ def test_proc_and_gpu_parsers() -> None:
     assert parse_rocm_pids(rocm) == [31337]
 
 
+def test_a_pinned_cell_is_measured_on_its_own_cpus(tmp_path: Path) -> None:
+    """Per-CPU lines: busy time on CPUs the cell does not own is not its contamination; its
+    sampler records what it owned and measures the devices as its CPU share."""
+    text = ("cpu  300 0 0 1000 0 0 0 0\ncpu0 100 0 0 500 0 0 0 0\n"
+            "cpu1 200 0 0 500 0 0 0 0\nintr 1\n")
+    assert read_proc_stat_cpus(text, {0}) == (100, 600)
+    assert read_proc_stat_cpus(text, {0, 1}) == read_proc_stat(text)
+    with pytest.raises(ValueError):
+        read_proc_stat_cpus(text, {7})
+    mine = sorted(__import__("os").sched_getaffinity(0))[:1]
+    sampler = Sampler(root=tmp_path, run_id="r", backend="cpu", env={}, policy=Policy(),
+                      cpus=mine)
+    assert sampler.devices == [f"cpu:{mine[0]}"] and sampler.ncpu == 1
+    assert sampler.owned["cpus"] == mine
+    assert sampler.owned["cpu_time_measured_on"] == "the cell's 1 CPU(s)"
+    unpinned = Sampler(root=tmp_path, run_id="r", backend="cpu", env={}, policy=Policy())
+    assert unpinned.owned["cpus"] is None and len(unpinned.devices) >= 1
+    gpu = Sampler(root=tmp_path, run_id="r", backend="cuda",
+                  env={"CUDA_VISIBLE_DEVICES": "1"}, policy=Policy(), cpus=mine)
+    assert gpu.devices == ["cuda:1"] and gpu.owned["gpus"] == ["cuda:1"]
+
+
 def test_judge_limits() -> None:
     policy = Policy()
     clean = {"samples": 8, "cpus": 2, "foreign_cpu_share": 0.05, "concurrent_cells": [],
@@ -395,16 +426,44 @@ def test_cpu_burner_beside_a_cell_is_contamination(
     assert cell["verdict"] == "valid"  # drift verdict unaffected
 
 
-def test_two_xdist_workers_sharing_cpus_are_contamination(
+def test_xdist_workers_on_disjoint_cpu_shares_are_not_contamination(
         pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
-    make_matrix(modules='["logp"]', extra='cases = ["R/R", "P/P"]',
+    """Two workers, one CPU each: they ran side by side but shared nothing, so neither's
+    timings are refused for it; what each owned and what ran beside it is recorded."""
+    make_matrix(modules='["logp"]', extra='cases = ["R/R", "P/P"]\n[performance]\n'
+                'max_foreign_cpu = 1.0',
                 env={"FAKE_STEP_TIMES": "1,1,1,1,1,1", "FAKE_BUSY_SECONDS": "4"})
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
     assert result.ret == 0, result.stdout.str()
     cells = _report(pytester)["cells"]
     assert len(cells) == 2
+    owned = [c["contamination_measured"]["owned"]["cpus"] for c in cells]
+    assert all(len(o) == 1 for o in owned) and owned[0] != owned[1], owned
     for cell in cells:
-        others = cell["contamination_measured"]["concurrent_cells"]
-        assert others and others[0]["shared_devices"], cell["contamination_measured"]
+        measured = cell["contamination_measured"]
+        others = measured["concurrent_cells"]
+        assert others and others[0]["overlap_s"] > 1 and others[0]["shared_devices"] == [], measured
+        assert measured["owned"]["cpu_time_measured_on"] == "the cell's 1 CPU(s)"
+        assert not any("other cells of this session" in r for r in _perf_reasons(cell))
+        assert cell["performance_usable"] is True, _perf_reasons(cell)
+
+
+def test_xdist_workers_sharing_a_cpu_are_contamination(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    """More workers than CPUs: workers share CPUs round-robin, and the cells that really ran
+    on the same CPU at the same time are contamination (the one alone on its CPU is not)."""
+    cpus = len(__import__("os").sched_getaffinity(0))
+    cases = json.dumps(["R/R", "P/R", "R/P", "P/P"][:cpus + 1])
+    make_matrix(modules='["logp"]', extra=f'cases = {cases}\n[performance]\n'
+                'max_foreign_cpu = 1.0',
+                env={"FAKE_STEP_TIMES": "1,1,1,1,1,1", "FAKE_BUSY_SECONDS": "4"})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", str(cpus + 1))
+    assert result.ret == 0, result.stdout.str()
+    cells = _report(pytester)["cells"]
+    shared = [c for c in cells
+              if any(o["shared_devices"] for o in c["contamination_measured"]["concurrent_cells"])]
+    assert len(shared) >= 2, [c["contamination_measured"] for c in cells]
+    for cell in shared:
         assert any(r.startswith("contaminated: other cells of this session ran on the same "
                                 "devices") for r in _perf_reasons(cell)), _perf_reasons(cell)
+        assert cell["performance_usable"] is False

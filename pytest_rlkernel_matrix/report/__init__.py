@@ -1,5 +1,6 @@
-"""What a matrix root reports: one cell's record (`record`), the session report
-`matrix-report.json` (`matrix_report`), attribution, the HTML page and its template (`html`,
+"""What a matrix root reports: one cell's record (`record`) with its measured runs
+(`measured`), the session report `matrix-report.json` (`matrix_report`), attribution and the
+performance statements (`attribution`, `perf`), the HTML page and its template (`html`,
 `html_parts`, `templates/`), merge, compare and re-analysis.
 
 May import: `store`, `spec`, `machine`, `run`, `judge`; never the session or the pytest face.

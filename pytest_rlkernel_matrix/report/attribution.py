@@ -79,6 +79,35 @@ def policy_of(records: Sequence[Mapping[str, Any]]) -> Policy:
     return Policy()
 
 
+def comparisons(records: Sequence[Mapping[str, Any]]) -> int:
+    """How many side-and-phase time comparisons the records allow: per (hardware, module) with
+    its four cells, per side (R/R against P/R, against R/P), per phase both cells timed. The
+    family over which every interval is widened (`family_policy`)."""
+    by_key: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+    for rec in records:
+        if rec.get("module") in MODULES and rec.get("case") in CELLS:
+            by_key.setdefault((str(rec.get("hardware")), str(rec["module"])), {})[
+                str(rec["case"])] = rec
+    count = 0
+    for cells in by_key.values():
+        if all(c in cells for c in CELLS):
+            count += sum(1 for _, case, _ in SIDES for phase in PHASES
+                         if process_steps(cells["R/R"], phase)
+                         and process_steps(cells[case], phase))
+    return count
+
+
+def family_policy(records: Sequence[Mapping[str, Any]]) -> Policy:
+    """The declared limits with the confidence level widened for the number of comparisons
+    (Bonferroni): each of the m intervals at 1 - (1 - confidence) / m, so the chance that any
+    statement of the report is false stays at most 1 - confidence (docs/en/performance.md)."""
+    from dataclasses import replace
+
+    policy = policy_of(records)
+    m = max(1, comparisons(records))
+    return replace(policy, confidence=1.0 - (1.0 - policy.confidence) / m)
+
+
 def steps(record: Mapping[str, Any], phase: str) -> list[float]:
     """Every measured step's time for `phase` (warmup excluded), from the record."""
     return [v for group in process_steps(record, phase) for v in group]
@@ -292,7 +321,7 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if rec.get("module") in MODULES and rec.get("case") in CELLS:
             by_key.setdefault((str(rec["hardware"]), str(rec["module"])), {})[rec["case"]] = rec
     out: list[dict[str, Any]] = []
-    policy = policy_of(records)
+    policy = family_policy(records)
     for (hardware, module), cells in sorted(by_key.items(),
                                             key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))):
         entry: dict[str, Any] = {"hardware": hardware, "module": module, "refused": []}

@@ -256,6 +256,48 @@ def _attribution(report: Mapping[str, Any]) -> View | None:
             "details": details, "factors": factors}
 
 
+def _interval(entry: Any) -> str:
+    """'0.69 [0.68, 0.70] s (3 processes, n=18)' for one cell's phase."""
+    e = _map(entry)
+    if e.get("median") is None:
+        return "-"
+    ci = "" if e.get("low") is None else f" [{e['low']:.3g}, {e['high']:.3g}]"
+    return f"{e['median']:.3g}{ci} s ({e.get('processes')} proc, n={e.get('n')})"
+
+
+def _performance(report: Mapping[str, Any]) -> View | None:
+    """Per module: the statements (side, phase, ratio with its interval) and each cell's phase
+    times with their intervals (`report.perf`)."""
+    perf = _map(report.get("performance"))
+    modules = [m for m in _list(perf.get("modules")) if isinstance(m, Mapping)]
+    if not modules:
+        return None
+    phases = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time",
+              "step_wall_time")
+    views = []
+    for m in modules:
+        stmts = [s for s in _list(m.get("statements")) if isinstance(s, Mapping)]
+        marks = {"slower": "no", "faster": "ok"}
+        rows = [[_fmt(s.get("side")),
+                 _fmt(str(s.get("phase")).removesuffix("_wall_time").replace("_", " ")),
+                 _t(s.get("kind"), marks.get(str(s.get("kind")), "na")),
+                 str(s.get("text") or "-")] for s in stmts]
+        cells = _map(m.get("cells"))
+        prow = [[case, *(_interval(_map(cells.get(case)).get(p)) for p in phases)]
+                for case in ("R/R", "P/R", "R/P", "P/P") if case in cells]
+        views.append({"title": f"{m.get('hardware')} · {m.get('module')}",
+                      "line": str(m.get("line") or ""),
+                      "statements": _table(("R on side", "phase", "statement", "in words"),
+                                           rows),
+                      "phases": _table(("cell", "rollout", "training", "weight sync", "step"),
+                                       prow)})
+    intro = (f"Every ratio reads {perf.get('direction')}. Intervals: {perf.get('method')} "
+             f"(family of {perf.get('family')} comparisons, each at "
+             f"{100 * float(perf.get('family_confidence') or 0):.4g}%). Phase times per cell: "
+             f"{perf.get('cell_interval')}.")
+    return {"intro": intro, "modules": views}
+
+
 def _routes(c: Mapping[str, Any]) -> View:
     rows = []
     for module, entry in _map(c.get("routes")).items():
@@ -515,7 +557,7 @@ def render_html(report: Mapping[str, Any], preflight: Mapping[str, Any] | None =
     return template.render(
         header=_header(report, cells), legend=_legend(cells),
         matrix=_matrix_view(report, cells, ids), glance=_glance(cells, ids),
-        attribution=_attribution(report), cells=details,
+        attribution=_attribution(report), performance=_performance(report), cells=details,
         preflight=_preflight(report, preflight))
 
 

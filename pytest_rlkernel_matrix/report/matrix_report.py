@@ -94,8 +94,8 @@ def counts_text(summary: Mapping[str, Any], timings: Mapping[str, Any] | None) -
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 # What `attribute` / `attribute_factors` compute with: a change to any of them is a new key.
-_ATTRIBUTION_SOURCES = ("report/attribution.py", "judge/stats.py", "spec/limits.py",
-                        "spec/terms.py")
+_ATTRIBUTION_SOURCES = ("report/attribution.py", "report/perf.py", "judge/stats.py",
+                        "spec/limits.py", "spec/terms.py")
 MEMO_FILE = "attribution.json"
 
 
@@ -112,9 +112,10 @@ def _attribution_key(ordered: Sequence[Mapping[str, Any]]) -> str:
 
 
 def attributions(ordered: Sequence[Mapping[str, Any]],
-                 memo: Path | None = None) -> tuple[Any, Any]:
-    """(attribution, factor attribution) of the ordered records, as JSON values; from
-    `<memo>/attribution.json` when its key (records and sources) is this one's."""
+                 memo: Path | None = None) -> tuple[Any, Any, Any]:
+    """(attribution, factor attribution, performance statements) of the ordered records, as
+    JSON values; from `<memo>/attribution.json` when its key (records and sources) is this
+    one's."""
     key = entry = None
     if memo is not None:
         try:
@@ -125,17 +126,19 @@ def attributions(ordered: Sequence[Mapping[str, Any]],
         with suppress(OSError, ValueError, RecursionError):
             entry = json.loads((memo / MEMO_FILE).read_text(encoding="utf-8"))
         if isinstance(entry, dict) and entry.get("key") == key and {
-                "attribution", "factor_attribution"} <= entry.keys():
-            return entry["attribution"], entry["factor_attribution"]
+                "attribution", "factor_attribution", "performance"} <= entry.keys():
+            return entry["attribution"], entry["factor_attribution"], entry["performance"]
     from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
+    from pytest_rlkernel_matrix.report.perf import performance
 
     # JSON values either way, so a memo hit and a fresh computation are the same objects
     out = json.loads(json.dumps(json_safe({"attribution": attribute(ordered),
-                                           "factor_attribution": attribute_factors(ordered)})))
+                                           "factor_attribution": attribute_factors(ordered),
+                                           "performance": performance(ordered)})))
     if memo is not None:
         with suppress(OSError):  # a read-only root just gets no memo
             write_json_atomic(memo / MEMO_FILE, {"key": key, **out})
-    return out["attribution"], out["factor_attribution"]
+    return out["attribution"], out["factor_attribution"], out["performance"]
 
 
 def build_report(
@@ -150,7 +153,7 @@ def build_report(
     memo: Path | None = None,
 ) -> dict[str, Any]:
     ordered = sorted(records, key=lambda r: (r["hardware"], cell_order(r)))
-    attribution, factor_attribution = attributions(ordered, memo)
+    attribution, factor_attribution, perf = attributions(ordered, memo)
     return {
         "schema_version": REPORT_SCHEMA,
         "created": created,
@@ -165,6 +168,7 @@ def build_report(
         "node_fingerprints": node_fingerprint_groups(ordered),
         "attribution": attribution,
         "factor_attribution": factor_attribution,
+        "performance": perf,
         "cells": ordered,
     }
 

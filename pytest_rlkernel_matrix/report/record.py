@@ -35,6 +35,7 @@ ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: 
 # notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24);
 # 5: the route that ran, from the readback and the route lines (`ran`, issue 32);
 # nothing compared is not judged, (rank, call) coverage, strict claims (issue 34)
+# 5: measured runs (`<run>/measured.<k>`, report.measured) and the owned share (issue 33)
 SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
@@ -249,6 +250,12 @@ def analyze_run(
         if isinstance(scheduler, dict):
             _judge_node(record, run_cell, scheduler, fps)
         _attach_localisation(record, run_dir)
+        from pytest_rlkernel_matrix.report.measured import attach
+
+        attach(record, run_dir, lambda d: analyze_run(
+            d, gaps=gaps, fingerprints=fingerprints, cell=run_cell, mode=mode,
+            artifact_dir=f"{artifact_dir or meta.get('artifact_dir')}/{d.name}",
+            scrubber=scrubber))
         return scrub(record)
     except Exception as exc:  # a bug or a shape no reader foresaw: this cell is an error
         return scrub(error_record(cell or run_cell, str(meta["mode"]),

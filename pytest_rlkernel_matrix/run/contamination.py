@@ -5,12 +5,21 @@
 - host load (`/proc/loadavg`) and the CPU time used outside the cell: busy jiffies of
   `/proc/stat` minus those of the cell's processes (every descendant of this process: the cell's
   process group and anything it started, from `/proc/<pid>/stat` utime+stime+cutime+cstime) and
-  of this process itself (the harness reading the cell's output);
+  of this process itself (the harness reading the cell's output). A cell pinned to its own CPU
+  share (`cpushare`) is measured on its CPUs only (their `cpuN` lines): a cell beside it on other
+  CPUs is not in its CPU time;
 - on CUDA the compute processes on the cell's GPUs that are not the cell's
   (`nvidia-smi --query-compute-apps`) and SM clocks / active throttle reasons
   (`nvidia-smi --query-gpu`); on ROCm the KFD processes (`rocm-smi --showpids`);
 - other cells of the same session: each cell adds a start and an end line to a small shared
-  file in the matrix root (`.locks/running-cells.jsonl`, under `flock`), with its devices.
+  file in the matrix root (`.locks/running-cells.jsonl`, under `flock`), with its devices: its
+  GPUs on GPU profiles, its CPUs on CPU profiles (its pinned share, else every CPU of the
+  session's mask). Cells that ran at the same time on disjoint devices shared nothing: they are
+  listed (`concurrent_cells`, with `shared_devices` empty) and are not contamination; cells that
+  shared a device or CPU are.
+
+`owned` in the measurement says what the cell had to itself (CPUs, GPUs) and `concurrent_cells`
+what else of the session ran meanwhile and what it shared.
 
 The result is `contamination.json` in the run directory; `judge()` turns it into reasons with the
 declared limits (`[performance]`), so a re-analysis with other limits reproduces the decision.
@@ -29,7 +38,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -59,6 +68,20 @@ def read_proc_stat(text: str) -> tuple[int, int]:
             busy = user + nice + system + irq + softirq + steal
             return busy, busy + idle + iowait
     raise ValueError("no 'cpu ' line in /proc/stat")
+
+
+def read_proc_stat_cpus(text: str, cpus: set[int]) -> tuple[int, int]:
+    """(busy, total) jiffies summed over the `cpuN` lines of `cpus` (as `read_proc_stat`)."""
+    busy_all = total_all = 0
+    seen = 0
+    for line in text.splitlines():
+        head = line.split(maxsplit=1)[0] if line else ""
+        if head.startswith("cpu") and head[3:].isdigit() and int(head[3:]) in cpus:
+            busy, total = read_proc_stat("cpu  " + line.split(maxsplit=1)[1])
+            busy_all, total_all, seen = busy_all + busy, total_all + total, seen + 1
+    if not seen:
+        raise ValueError(f"no cpuN line in /proc/stat for CPUs {sorted(cpus)}")
+    return busy_all, total_all
 
 
 def parse_pid_stat(text: str) -> tuple[int, int, int]:
@@ -159,8 +182,10 @@ def _visible(env: Mapping[str, str], names: tuple[str, ...]) -> list[str] | None
     return None
 
 
-def cell_devices(backend: str, env: Mapping[str, str]) -> list[str]:
-    """What the cell's timings share with another cell: GPUs on GPU backends, else the CPUs."""
+def cell_devices(backend: str, env: Mapping[str, str],
+                 cpus: Sequence[int] | None = None) -> list[str]:
+    """What the cell's timings share with another cell: GPUs on GPU backends, else the CPUs
+    (`cpus`, its pinned share; else this process's whole affinity mask)."""
     if backend == "cuda":
         ids = _visible(env, ("CUDA_VISIBLE_DEVICES",))
         return [f"cuda:{i}" for i in ids] if ids is not None else ["cuda:*"]
@@ -168,7 +193,7 @@ def cell_devices(backend: str, env: Mapping[str, str]) -> list[str]:
         ids = _visible(env, ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                              "CUDA_VISIBLE_DEVICES"))
         return [f"rocm:{i}" for i in ids] if ids is not None else ["rocm:*"]
-    return [f"cpu:{c}" for c in sorted(os.sched_getaffinity(0))]
+    return [f"cpu:{c}" for c in sorted(cpus or os.sched_getaffinity(0))]
 
 
 def _share(a: list[str], b: list[str]) -> list[str]:
@@ -189,13 +214,19 @@ class Sampler:
     """Samples contamination around one cell's launch; `stop()` returns the measurement."""
 
     def __init__(self, *, root: Path, run_id: str, backend: str, env: Mapping[str, str],
-                 policy: Policy, proc: Path = Path("/proc")) -> None:
+                 policy: Policy, proc: Path = Path("/proc"),
+                 cpus: Sequence[int] | None = None) -> None:
         self.root, self.run_id, self.backend, self.proc = root, run_id, backend, proc
         self.policy = policy
-        self.devices = cell_devices(backend, env)
+        self.cpus = set(cpus or ())  # the cell's pinned CPU share (empty: not pinned)
+        self.devices = cell_devices(backend, env, sorted(self.cpus))
         self.me = os.getpid()
         self.hz = os.sysconf("SC_CLK_TCK")
-        self.ncpu = os.cpu_count() or 1
+        self.ncpu = len(self.cpus) or os.cpu_count() or 1
+        gpus = [d for d in self.devices if not d.startswith("cpu:")]
+        self.owned = {"cpus": sorted(self.cpus) or None, "gpus": gpus or None,
+                      "cpu_time_measured_on": (f"the cell's {len(self.cpus)} CPU(s)" if self.cpus
+                                               else "every CPU of the machine (not pinned)")}
         self.samples: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.gpu: dict[str, Any] = {"foreign_processes": {}, "clocks_sm_min": None,
@@ -254,7 +285,9 @@ class Sampler:
     # one sample
     def _cpu_sample(self) -> None:
         try:
-            busy, _ = read_proc_stat((self.proc / "stat").read_text())
+            text = (self.proc / "stat").read_text()
+            busy, _ = (read_proc_stat_cpus(text, self.cpus) if self.cpus
+                       else read_proc_stat(text))
             table = _proc_table(self.proc)
             load1 = float((self.proc / "loadavg").read_text().split()[0])
         except (OSError, ValueError) as exc:
@@ -366,6 +399,7 @@ class Sampler:
             "samples": len(self.samples),
             "cpus": self.ncpu,
             "devices": self.devices,
+            "owned": self.owned,
             "foreign_cpu_s": round(foreign, 3),
             "foreign_cpu_share": round(foreign / (self.ncpu * wall), 4) if wall > 0 else None,
             "foreign_cpu_share_max": round(max(shares), 4) if shares else None,
@@ -380,11 +414,13 @@ class Sampler:
 
 @contextmanager
 def watch(*, root: Path, run_dir: Path, run_id: str, backend: str, env: Mapping[str, str],
-          policy: Policy) -> Iterator[Sampler]:
-    """Sample while the body runs; write `contamination.json` in `run_dir` afterwards."""
+          policy: Policy, cpus: Sequence[int] | None = None) -> Iterator[Sampler]:
+    """Sample while the body runs; write `contamination.json` in `run_dir` afterwards (`cpus`:
+    the cell's pinned CPU share, measured on its own)."""
     from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 
-    sampler = Sampler(root=root, run_id=run_id, backend=backend, env=env, policy=policy).start()
+    sampler = Sampler(root=root, run_id=run_id, backend=backend, env=env, policy=policy,
+                      cpus=cpus).start()
     try:
         yield sampler
     finally:
@@ -400,6 +436,12 @@ def read_measurement(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _scope(measured: Mapping[str, Any]) -> str:
+    owned = measured.get("owned")
+    cpus = owned.get("cpus") if isinstance(owned, Mapping) else None
+    return f" it owned ({','.join(map(str, cpus))})" if cpus else ""
+
+
 def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
     """Why the measured contamination makes the cell's timings unusable (empty: usable)."""
     if not isinstance(measured, Mapping):
@@ -413,7 +455,7 @@ def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
     if share is not None and share > policy.max_foreign_cpu:
         why.append(
             f"contaminated: processes outside the cell used {share:.0%} of the "
-            f"{measured.get('cpus')} CPUs (limit {policy.max_foreign_cpu:.0%}; "
+            f"{measured.get('cpus')} CPUs{_scope(measured)} (limit {policy.max_foreign_cpu:.0%}; "
             f"load average {measured.get('load1_mean')} mean, {measured.get('load1_max')} max)")
     concurrent = [c for c in measured.get("concurrent_cells") or [] if c.get("shared_devices")]
     total = sum(float(c.get("overlap_s", 0)) for c in concurrent)

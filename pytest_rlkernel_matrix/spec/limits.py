@@ -16,6 +16,7 @@ class Policy:
     """The declared limits (`[performance]` in matrix.toml); defaults are the documented ones."""
 
     min_steps: int = 5
+    processes: int = 1
     min_processes: int = 2
     confidence: float = 0.95
     max_relative_spread: float = 0.5

@@ -353,10 +353,14 @@ class PerformanceSection(_Strict):
 
     min_steps: int = Field(default=5, ge=2, description="measured steps (after warmup) each cell "
                            "needs before its times support a slowdown/speed-up/ratio statement")
-    min_processes: int = Field(default=2, ge=2, description="processes each cell needs before "
-                               "its times support a statement: the interval resamples processes "
-                               "(between-process variation); the built-in session runs one "
-                               "process per cell, so its timings never support one")
+    processes: int = Field(default=1, ge=1, le=64, description="processes per cell: the first "
+                           "is its correctness run, the others measured runs (timings only, "
+                           "routes must match the first's), interleaved across the cells; "
+                           "--rlk-processes overrides")
+    min_processes: int = Field(default=2, description="processes each cell needs before its "
+                               "times support a statement: the interval resamples processes "
+                               "(between-process variation); supply them with processes = N "
+                               "(or --rlk-processes=N)")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
                               description="confidence level of each ratio's bootstrap interval")
     max_relative_spread: float = Field(default=0.5, gt=0, description="largest (max - min) / "
@@ -369,6 +373,16 @@ class PerformanceSection(_Strict):
                                            "processes allowed on the cell's GPUs")
     sample_interval: float = Field(default=0.5, gt=0, le=10,
                                    description="seconds between contamination samples")
+
+    @field_validator("min_processes")
+    @classmethod
+    def _several(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(
+                f"must be at least 2, not {value}: an interval over one process's steps misses "
+                "the variation between processes; run several processes per cell instead with "
+                "[performance] processes = 3 (or --rlk-processes=3)")
+        return value
 
 
 class ProbeSection(_Strict):

@@ -1,0 +1,134 @@
+"""Processes beyond a cell's first run: measured runs, the run-to-run repeat and the probe run.
+
+Measured runs (`[performance] processes = N`, `--rlk-processes=N`): the first process of a cell is
+its correctness run, judged as ever in its own test item. After this process's last item (a
+serial session's, or each xdist worker's own), processes 2..N of every run it started run in
+rounds, **interleaved**: round 2 runs each cell once in the order the items ran them (R/R, P/R,
+R/P, P/P, ...), then round 3, so a change in the machine's state (clocks, another job, page
+cache) hits every cell alike. Each goes into `<run>/measured.<k>` (never overwritten: an existing
+directory is left alone and that process is not run) with its own run id (`<run id>.p<k>`) and
+`RLK_MATRIX_RUN_ROLE=measured`, `RLK_MATRIX_PROCESS=<k>` in its environment. The cell's record is
+then made again: `report.measured` reads the measured runs, drops those that fell back, changed
+route or have unusable timings (with the reason) and gives the judge the steps per process.
+The controller takes the new timing fields from each run's `cell-record.json` at session end
+(`refresh`), since the items reported before the measured runs ran.
+
+Functions of the session (`session.MatrixSession`, passed in as `ms`; never imported here).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pytest_rlkernel_matrix.report.measured import FIELDS, MEASURED_PREFIX, PROCESS_VAR, ROLE_VAR
+from pytest_rlkernel_matrix.report.record import CELL_RUN_FILE
+from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+
+RECORD_CACHE = "cell-record.json"
+
+
+def _wanted(run_dir: Path) -> bool:
+    """A run whose correctness record is `valid` gets measured runs (anything else: its timings
+    never support a statement, and its record says why)."""
+    try:
+        record = json.loads((run_dir / RECORD_CACHE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("verdict") == "valid"
+
+
+def run_measured(ms: Any) -> int:
+    """Processes 2..N of every run this process started, interleaved round by round; then each
+    run's record again (with its measured runs). Returns how many measured runs ran."""
+    total = int(ms.matrix.performance.processes)
+    todo, ms.ran = list(ms.ran), []
+    if total <= 1 or not todo or ms.matrix.runner.launcher != "local":
+        return 0  # a scheduler's node cannot be sampled: its timings are never usable
+    runs = [(c, m, d, h) for c, m, d, h in todo if _wanted(d)]
+    count = 0
+    try:
+        for k in range(2, total + 1):
+            for cell, mode, run_dir, hook in runs:
+                target = run_dir / f"{MEASURED_PREFIX}{k}"
+                if target.exists():
+                    continue  # never overwrite; the analysis counts what is there
+                meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
+                job = ms._prepare(cell, mode, target, hook, run_id=f"{meta['run_id']}.p{k}",
+                                  extra_env={ROLE_VAR: "measured", PROCESS_VAR: str(k)})
+                outcome = ms._wait(cell, job)
+                ms._finish(cell, mode, target, outcome.result, job.recorded, [], outcome,
+                           cpu_share=job.cpu_share, analyze=False)
+                count += 1
+                if outcome.result.interrupted:
+                    raise KeyboardInterrupt
+    finally:  # stopped or not: each record with the measured runs that did run (and why not)
+        for cell, _, run_dir, _ in runs:
+            ms.write_json(run_dir / RECORD_CACHE, ms._analyze(run_dir, cell))
+    return count
+
+
+def refresh(ms: Any) -> int:
+    """Controller, at session end: each record whose run got measured runs after its item
+    reported takes the timing fields of its run's `cell-record.json`. Returns how many did."""
+    done = 0
+    for record in ms.records.values():
+        policy = record.get("performance_policy") or {}
+        if int(policy.get("processes") or 1) <= 1 or not record.get("artifact_dir"):
+            continue
+        try:
+            fresh = json.loads((ms.root / record["artifact_dir"] / RECORD_CACHE).read_text(
+                encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(fresh, dict) and fresh.get("measured"):
+            for key in FIELDS:
+                if key in fresh:
+                    record[key] = fresh[key]
+            done += 1
+    return done
+
+
+def repeat(ms: Any, cell: Any, mode: str, run_dir: Path, env_hook: Any) -> dict | None:
+    """`[reproducibility] runs = 2`: the same cell again, same seed, its own process and
+    run directory (`<run>.repeat2`, never overwritten); the first run's record then judges
+    run_to_run_bitwise against it."""
+    again = run_dir.with_name(f"{run_dir.name}.repeat2")
+    if again.exists():
+        return None
+    job = ms._prepare(cell, mode, again, env_hook)
+    outcome = ms._wait(cell, job)
+    ms._finish(cell, mode, again, outcome.result, job.recorded, [], outcome)
+    meta_path = run_dir / CELL_RUN_FILE
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta["policy"] = {**meta.get("policy", {}), "repeat_dir": again.name}
+    write_json_atomic(meta_path, meta)
+    record: dict[str, Any] = ms._analyze(run_dir, cell)
+    ms.write_json(run_dir / RECORD_CACHE, record)
+    if outcome.result.interrupted:
+        raise KeyboardInterrupt
+    return record
+
+
+def maybe_probe(ms: Any, cell: Any, run_dir: Path, job: Any,
+                record: dict[str, Any]) -> dict[str, Any]:
+    """`--rlk-probe` / `[probe] when = "drift"`: a cell whose run completed and drifted gets a
+    separate probe run (its own directory under the cell's; the measured run is left as it
+    is); a timed-out or errored one gets `probe-note.json` saying why none was run."""
+    from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_plan, write_probe_note
+
+    if not (ms.probe or ms.matrix.probe.when == "drift"):
+        return record
+    plan = probe_plan(record, ms.matrix.runner.launcher)
+    if plan is None:
+        return record  # completed without drift: nothing to localise
+    if plan != "probe":
+        write_probe_note(run_dir, plan, write=ms.write_json)
+    else:
+        probe_cell(run_dir, command=job.command, cwd=job.cwd, env=dict(job.env),
+                   timeout=ms.matrix.runner.timeout, budget=ms.matrix.probe.tokens,
+                   controls=ms.matrix.probe.controls, write=ms.write_json)
+    record = ms._analyze(run_dir, cell)  # picks the probe's localisation.json up
+    ms.write_json(run_dir / RECORD_CACHE, record)
+    return record

@@ -1,0 +1,182 @@
+"""A cell's measured runs (`[performance] processes = N`): which count, and the steps per process.
+
+Process 1 of a cell is its correctness run (the run directory itself); processes 2..N are its
+measured runs, `<run>/measured.<k>` (`extra_runs.run_measured` runs them interleaved with the
+other cells'). The cell's record is the correctness run's, judged as ever; this module adds
+
+- `measured`: per process its directory, whether its timings count, and the reason when not;
+- `phase_spread.<phase>.processes`: the measured steps of each process that counts (what the
+  hierarchical interval of `judge.stats` resamples: processes, then steps), and the phase
+  medians and spreads over all of them.
+
+A measured run counts only when it exited 0 (no timeout, no interruption), its analysis found no
+fallback, the route of every module and side (implementation and backend ids) is the correctness
+run's, and its own performance judgement holds (phase times present, enough steps, spread within
+`[performance]`'s limits, no measured contamination). The correctness run's timings count as
+process 1 on the same terms. A record of a run that is not `valid` gets no measured runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+MEASURED_PREFIX = "measured."
+ROLE_VAR = "RLK_MATRIX_RUN_ROLE"  # "measured" in a measured run's environment
+PROCESS_VAR = "RLK_MATRIX_PROCESS"  # its process number, 2..N
+PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time", "step_wall_time")
+# What a record's measured runs change (the controller copies these at session end).
+FIELDS = (*PHASES, "phase_spread", "measured", "performance_usable", "validity")
+_DIR = re.compile(r"^measured\.(\d+)$")
+
+
+def measured_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """(process number, directory) of every measured run under `run_dir`, in order."""
+    out = []
+    for d in run_dir.glob(f"{MEASURED_PREFIX}*"):
+        m = _DIR.match(d.name)
+        if m and d.is_dir():
+            out.append((int(m[1]), d))
+    return sorted(out)
+
+
+def route_signature(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per module and side: (implementation, backend ids, fallback) as the record reports it."""
+    out: dict[str, dict[str, Any]] = {}
+    for module, entry in (record.get("routes") or {}).items():
+        sides: dict[str, Any] = {}
+        for side in ("training", "rollout"):
+            r = entry.get(side) if isinstance(entry, Mapping) else None
+            sides[side] = None if not isinstance(r, Mapping) else (
+                r.get("implementation"), tuple(r.get("backend_ids") or ()), bool(r.get("fallback")))
+        out[str(module)] = sides
+    return out
+
+
+def route_change(first: Mapping[str, Any], other: Mapping[str, Any]) -> str | None:
+    """How `other`'s routes differ from `first`'s (None: the same)."""
+    a, b = route_signature(first), route_signature(other)
+    for module in sorted(set(a) | set(b)):
+        for side in ("training", "rollout"):
+            ra = (a.get(module) or {}).get(side)
+            rb = (b.get(module) or {}).get(side)
+            if ra != rb:
+                def shown(r: Any) -> str:
+                    return "unreported" if r is None else f"{r[0]} {','.join(r[1]) or '-'}"
+                return f"route changed: {module} {side} {shown(ra)} -> {shown(rb)}"
+    return None
+
+
+def drop_reason(first: Mapping[str, Any], other: Mapping[str, Any]) -> str | None:
+    """Why measured run `other` does not count for the timings of `first`'s cell."""
+    verdict = other.get("verdict")
+    why = [str(r) for r in other.get("reasons") or []]
+    if other.get("timed_out"):
+        return "timed out"
+    if other.get("exit_code") not in (0, None) or verdict == "error":
+        return f"{verdict}: {why[0] if why else 'exit code ' + str(other.get('exit_code'))}"
+    if other.get("fallbacks") or verdict == "fallback":
+        return f"fell back: {why[0] if why else other.get('fallbacks')}"
+    change = route_change(first, other)
+    if change:
+        return change
+    if verdict in ("unsupported", "incomparable"):
+        return f"{verdict}: {why[0] if why else ''}"
+    perf = (other.get("validity") or {}).get("performance") or {}
+    if perf.get("valid") is not True:
+        return "timings not usable: " + "; ".join((perf.get("reasons") or ["not judged"])[:2])
+    return None
+
+
+def _own_reason(record: Mapping[str, Any]) -> str | None:
+    perf = (record.get("validity") or {}).get("performance") or {}
+    if record.get("verdict") != "valid":
+        return f"the correctness run is {record.get('verdict')}"
+    if perf.get("valid") is not True:
+        return "timings not usable: " + "; ".join((perf.get("reasons") or ["not judged"])[:2])
+    return None
+
+
+def _steps(record: Mapping[str, Any], phase: str) -> list[float]:
+    entry = (record.get("phase_spread") or {}).get(phase) or {}
+    values = entry.get("steps") if isinstance(entry, Mapping) else None
+    return [float(v) for v in values] if isinstance(values, list) else []
+
+
+def attach(record: dict[str, Any], run_dir: Path,
+           analyze: Callable[[Path], dict[str, Any]]) -> None:
+    """Add `measured` and the per-process steps to the correctness run's `record` (in place);
+    `analyze` makes a measured run's own record. Nothing changes for one process per cell."""
+    if run_dir.name.startswith(MEASURED_PREFIX):
+        return  # a measured run's own analysis
+    policy = record.get("performance_policy") or {}
+    wanted = int(policy.get("processes") or 1)
+    found = measured_dirs(run_dir)
+    if wanted <= 1 and not found:
+        return
+    from pytest_rlkernel_matrix.judge.stats import summary
+
+    own = _own_reason(record)
+    runs: list[dict[str, Any]] = [{"process": 1, "dir": ".", "role": "correctness",
+                                   "used": own is None, "reason": own}]
+    groups: dict[str, list[list[float]]] = {p: [] for p in PHASES}
+    if own is None:
+        for phase in PHASES:
+            if _steps(record, phase):
+                groups[phase].append(_steps(record, phase))
+    for k, d in found:
+        other = analyze(d)
+        why = drop_reason(record, other) if record.get("verdict") == "valid" else (
+            f"the correctness run is {record.get('verdict')}")
+        runs.append({"process": k, "dir": d.name, "role": "measured", "used": why is None,
+                     "reason": why, "run_id": other.get("run_id"),
+                     "window": other.get("window"),
+                     # the plugin's own seconds on this process (session + its analysis) and
+                     # the process's wall time: benchmarks/bench_overhead.py --processes
+                     "overhead_s": other.get("overhead_s"),
+                     "process_wall_s": other.get("process_wall_time"),
+                     "contamination": _contamination(other)})
+        if why is None:
+            for phase in PHASES:
+                if _steps(other, phase):
+                    groups[phase].append(_steps(other, phase))
+    used = sum(1 for r in runs if r["used"])
+    notes: list[str] = []
+    if record.get("scheduler") and not found:
+        notes.append("no measured runs: under a scheduler's launcher the node cannot be sampled "
+                     "for contamination, so no timing of it is usable")
+    elif record.get("verdict") != "valid" and not found:
+        notes.append(f"no measured runs: the correctness run is {record.get('verdict')}")
+    elif 1 + len(found) < wanted:
+        notes.append(f"{1 + len(found)} of {wanted} processes ran (the session stopped early, "
+                     "or a measured run's directory already existed)")
+    record["measured"] = {"requested": wanted, "ran": 1 + len(found), "used": used,
+                          "runs": runs, "notes": notes}
+    spread = dict(record.get("phase_spread") or {})
+    for phase, procs in groups.items():
+        if not procs:
+            continue
+        pooled = [v for g in procs for v in g]
+        spread[phase] = {**summary(pooled), "steps": pooled, "processes": procs}
+        record[phase] = spread[phase]["median"]
+    record["phase_spread"] = spread
+    usable = record.get("verdict") == "valid" and used > 0
+    validity = dict(record.get("validity") or {})
+    perf = dict(validity.get("performance") or {})
+    dropped = [f"process {r['process']} ({r['dir']}) not counted: {r['reason']}"
+               for r in runs if not r["used"]]
+    perf["reasons"] = ([r for r in perf.get("reasons") or [] if own is None]
+                       + dropped + notes)
+    perf["valid"] = bool(usable)
+    validity["performance"] = perf
+    record["validity"] = validity
+    record["performance_usable"] = bool(usable)
+
+
+def _contamination(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    m = record.get("contamination_measured")
+    if not isinstance(m, Mapping):
+        return None
+    return {k: m.get(k) for k in ("foreign_cpu_share", "load1_mean", "owned", "devices")}

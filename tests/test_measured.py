@@ -1,0 +1,308 @@
+"""Measured processes per cell and the performance statements they support (issue 33).
+
+Through the plugin with the fake framework (a vime-style job: perf lines only) carrying a planted
+slowdown (`FAKE_SLOW=ffn:rollout:1.5`: the rollout phase takes 1.5 times as long wherever ffn
+runs R on the rollout side) and real between-process variation (`FAKE_JITTER`); the statements'
+rule and its multiple-comparison control on known records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_rlkernel_matrix.judge.stats import level
+from pytest_rlkernel_matrix.report.attribution import comparisons, family_policy
+from pytest_rlkernel_matrix.report.perf import performance
+from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
+
+STEPS = "0.2,0.2,0.2,0.2,0.2,0.2"
+# The shared 2-core box: other people's jobs are not what these tests are about.
+QUIET = "[performance]\nmax_foreign_cpu = 1.0\n"
+
+
+def _report(pytester: pytest.Pytester) -> dict[str, Any]:
+    (found,) = list(pytester.path.glob("outputs/rlkernel/*/matrix-report.json"))
+    return json.loads(found.read_text())
+
+
+def _statements(report: dict[str, Any], module: str) -> dict[tuple[str, str], dict[str, Any]]:
+    entry = next(m for m in report["performance"]["modules"] if m["module"] == module)
+    return {(s["side"], s["phase"]): s for s in entry["statements"]}
+
+
+def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    make_matrix(modules='["ffn"]', extra=QUIET,
+                env={"FAKE_STEP_TIMES": STEPS, "FAKE_SLOW": "ffn:rollout:1.5",
+                     "FAKE_JITTER": "0.03"})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--rlk-processes=3")
+    assert result.ret == 0, result.stdout.str()
+    report = _report(pytester)
+    perf = report["performance"]
+    assert perf["processes"] == [3] and perf["family"] == 8  # 2 sides x 4 phases
+    assert perf["family_confidence"] == pytest.approx(1 - 0.05 / 8)
+    said = _statements(report, "ffn")
+    rollout = said[("rollout", "rollout_wall_time")]
+    assert rollout["kind"] == "slower", rollout
+    assert rollout["low"] > 1.0 and rollout["low"] <= 1.5 <= rollout["high"], rollout
+    assert rollout["processes"] == [3, 3] and rollout["n"] == [18, 18]
+    assert rollout["text"].startswith("R on the rollout side makes the rollout phase ")
+    # The rows without the drill claim nothing beyond noise: no slower/faster anywhere else
+    # but the step time the slower rollout phase is part of.
+    others = {k: s["kind"] for k, s in said.items()
+              if k not in {("rollout", "rollout_wall_time"), ("rollout", "step_wall_time")}}
+    assert set(others.values()) <= {"no difference", "no statement"}, others
+    assert said[("training", "training_wall_time")]["kind"] == "no difference"
+    # The terminal: one line per module with the statement and its interval.
+    line = next(x for x in result.outlines if x.startswith("cpu ffn performance: "))
+    assert f"R on the rollout side: rollout {rollout['ratio']:.2f} [" in line
+    assert f"{level(perf['family_confidence'])} intervals, Bonferroni over 8 comparisons" in line
+    # The HTML: per module, each cell's phase times with their intervals.
+    rr = next(m for m in perf["modules"] if m["module"] == "ffn")["cells"]["R/R"]
+    assert rr["rollout_wall_time"]["processes"] == 3
+    assert rr["rollout_wall_time"]["low"] <= rr["rollout_wall_time"]["median"] \
+        <= rr["rollout_wall_time"]["high"]
+    html = next(pytester.path.glob("outputs/rlkernel/*/matrix-report.html")).read_text()
+    assert "Phase times per cell" in html and "R on the rollout side makes the rollout" in html
+
+    # Interleaved: R/R, P/R, R/P, P/P, then again, and again; each its own directory and run id.
+    root = next(pytester.path.glob("outputs/rlkernel/*"))
+    windows = []
+    for meta_path in root.glob("cpu/*/**/cell-run.json"):
+        meta = json.loads(meta_path.read_text())
+        windows.append((meta["window"][0], meta["cell"]["case"], meta["run_id"]))
+    order = [case for _, case, _ in sorted(windows)]
+    assert order == ["R/R", "P/R", "R/P", "P/P"] * 3, order
+    assert len({rid for _, _, rid in windows}) == 12
+    env = (root / "cpu" / "ffn-rp" / "measured.3" / "matrix-case.env").read_text()
+    assert "RLK_MATRIX_RUN_ROLE=measured" in env and "RLK_MATRIX_PROCESS=3" in env
+    cell = next(c for c in report["cells"] if c["case"] == "R/P")
+    assert [r["dir"] for r in cell["measured"]["runs"]] == [".", "measured.2", "measured.3"]
+    assert cell["measured"]["used"] == 3
+    assert len(cell["phase_spread"]["rollout_wall_time"]["processes"]) == 3
+
+
+def test_under_xdist_each_worker_interleaves_its_own_cells(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
+                                           "--rlk-processes=2")
+    assert result.ret == 0, result.stdout.str()
+    root = next(pytester.path.glob("outputs/rlkernel/*"))
+    by_worker: dict[str, list[tuple[float, str, str]]] = {}
+    for meta_path in root.glob("cpu/*/**/cell-run.json"):
+        meta = json.loads(meta_path.read_text())
+        by_worker.setdefault(meta["worker"], []).append(
+            (meta["window"][0], meta["cell"]["case"], meta_path.parent.name))
+    assert len(by_worker) == 2, by_worker
+    for runs in by_worker.values():
+        order = [case for _, case, _ in sorted(runs)]
+        half = len(order) // 2
+        assert half and order[:half] == order[half:], order  # round 1, then round 2 alike
+        assert all(not d.startswith("measured.") for _, _, d in sorted(runs)[:half])
+    # the controller's report has every cell's measured runs (they ran after the items reported)
+    for cell in _report(pytester)["cells"]:
+        assert cell["measured"]["used"] == 2, cell["measured"]
+        assert len(cell["phase_spread"]["step_wall_time"]["processes"]) == 2
+
+
+def test_one_process_per_cell_says_how_to_get_a_conclusion(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == 0
+    line = next(x for x in result.outlines if x.startswith("cpu ffn performance: "))
+    assert "one process per cell" in line and "--rlk-processes=3" in line, line
+    root = next(pytester.path.glob("outputs/rlkernel/*"))
+    assert not list(root.glob("cpu/*/measured.*"))
+    assert "measured" not in _report(pytester)["cells"][0]
+
+
+def test_a_measured_run_that_falls_back_is_dropped_with_its_reason(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    """The measured runs of R/R fall back (attention's rollout R to production): their timings
+    are not R's, so they are dropped; the correctness run is judged as before."""
+    make_matrix(modules='["attention"]', extra='cases = ["R/R", "P/P"]\n' + QUIET,
+                env={"FAKE_STEP_TIMES": STEPS, "FAKE_MEASURED_SCENARIO": "recorded_fallback",
+                     "FAKE_ONLY_WHEN": "A-RR_F-RR_L-RR"})
+    result = pytester.runpytest("-p", "no:cacheprovider", "--rlk-processes=2")
+    assert result.ret == 0, result.stdout.str()
+    cells = {c["case"]: c for c in _report(pytester)["cells"]}
+    rr, pp = cells["R/R"], cells["P/P"]
+    assert rr["verdict"] == "valid"
+    (dropped,) = [r for r in rr["measured"]["runs"] if not r["used"]]
+    assert dropped["dir"] == "measured.2" and dropped["reason"].startswith("fell back: "), dropped
+    assert rr["measured"]["used"] == 1 and pp["measured"]["used"] == 2
+    assert len(rr["phase_spread"]["step_wall_time"]["processes"]) == 1
+    assert any("process 2 (measured.2) not counted: fell back" in r
+               for r in rr["validity"]["performance"]["reasons"])
+
+
+def test_reanalysis_reads_the_measured_runs_and_the_cache_keys_on_them(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    make_matrix(modules='["logp"]', extra='cases = ["R/R", "P/P"]\n' + QUIET,
+                env={"FAKE_STEP_TIMES": STEPS})
+    assert pytester.runpytest("-p", "no:cacheprovider", "--rlk-processes=2").ret == 0
+    root = next(pytester.path.glob("outputs/rlkernel/*"))
+    session = {c["case"]: c for c in _report(pytester)["cells"]}
+    lines: list[str] = []
+    again = json.loads(reanalyze(root, log=lines.append, progress=False, jobs=1).read_text())
+    cells = {c["case"]: c for c in again["cells"]}
+    for case in ("R/R", "P/P"):
+        assert cells[case]["measured"]["used"] == 2
+        assert cells[case]["phase_spread"] == session[case]["phase_spread"]
+    # a measured run's log changes: that cell is read again, and the new times count
+    log = root / "cpu" / "logp-pp" / "measured.2" / "run.log"
+    log.write_text(log.read_text().replace("'perf/step_time': 0.2", "'perf/step_time': 0.4"))
+    lines.clear()
+    again = json.loads(reanalyze(root, log=lines.append, progress=False, jobs=1).read_text())
+    assert "cache: cpu/logp-pp: read again: measured.2/run.log changed (sha256)" in lines[0] \
+        or any("measured.2/run.log changed" in x for x in lines), lines
+    pp = next(c for c in again["cells"] if c["case"] == "P/P")
+    assert pp["phase_spread"]["step_wall_time"]["processes"][1] == [0.4] * 6
+
+
+# -- the rule and its multiple-comparison control on known records -------------------------------
+
+
+def _record(case: str, module: str, rollout: list[list[float]],
+            training: list[list[float]]) -> dict[str, Any]:
+    def spread(groups: list[list[float]]) -> dict[str, Any]:
+        return {"steps": [v for g in groups for v in g], "processes": groups}
+
+    step = [[r + t for r, t in zip(rg, tg, strict=True)]
+            for rg, tg in zip(rollout, training, strict=True)]
+    return {"hardware": "cpu", "module": module, "case": case, "verdict": "valid",
+            "performance_usable": True,
+            "performance_policy": {"processes": len(rollout)},
+            "phase_spread": {"rollout_wall_time": spread(rollout),
+                             "training_wall_time": spread(training),
+                             "step_wall_time": spread(step)}}
+
+
+def _procs(base: float, n: int = 3, steps: int = 6) -> list[list[float]]:
+    return [[base * (1 + 0.01 * ((i * 7 + j * 3) % 5 - 2)) for j in range(steps)]
+            for i in range(n)]
+
+
+def _module(module: str, rollout_effect: float) -> list[dict[str, Any]]:
+    """A module's four cells: R on the rollout side multiplies the rollout phase."""
+    fast, slow = _procs(1.0), _procs(rollout_effect)
+    train = _procs(2.0)
+    return [_record("R/R", module, slow, train), _record("P/R", module, slow, train),
+            _record("R/P", module, fast, train), _record("P/P", module, fast, train)]
+
+
+def test_statements_name_side_phase_and_size_and_bound_the_null() -> None:
+    records = _module("ffn", 1.5)
+    perf = performance(records)
+    said = {(s["side"], s["phase"]): s for s in perf["modules"][0]["statements"]}
+    assert perf["family"] == comparisons(records) == 6  # no weight-sync times
+    slow = said[("rollout", "rollout_wall_time")]
+    assert slow["kind"] == "slower" and slow["low"] > 1 and "50% slower" in slow["text"]
+    null = said[("training", "training_wall_time")]
+    assert null["kind"] == "no difference" and null["low"] <= 1 <= null["high"]
+    assert null["text"].startswith("R on the training side: no difference measured in the "
+                                   "training phase (1.00 [")
+
+
+def test_more_comparisons_widen_every_interval() -> None:
+    """Bonferroni: a small effect clear in one module's 6 comparisons is still reported, but the
+    same cells among 18 comparisons get a wider interval (never a narrower one)."""
+    one = _module("ffn", 1.03)
+    many = one + _module("attention", 1.0) + _module("logp", 1.0)
+    assert comparisons(many) == 18
+    assert family_policy(one).confidence == pytest.approx(1 - 0.05 / 6)
+    assert family_policy(many).confidence == pytest.approx(1 - 0.05 / 18)
+    a = {(s["side"], s["phase"]): s for s in performance(one)["modules"][0]["statements"]}
+    b = {(s["side"], s["phase"]): s for s in performance(many)["modules"][1]["statements"]}
+    key = ("rollout", "rollout_wall_time")
+    assert b[key]["low"] <= a[key]["low"] and b[key]["high"] >= a[key]["high"]
+    assert a[key]["ratio"] == b[key]["ratio"]
+
+
+def test_contaminated_or_single_process_cells_state_nothing() -> None:
+    records = _module("ffn", 1.5)
+    records[2]["performance_usable"] = False
+    records[2]["validity"] = {"performance": {"reasons": ["contaminated: a burner"]}}
+    said = {(s["side"], s["phase"]): s for s in performance(records)["modules"][0]["statements"]}
+    assert said[("rollout", "rollout_wall_time")]["kind"] == "no statement"
+    single = [dict(r, phase_spread={k: {"steps": v["steps"][:6]} for k, v in
+                                    r["phase_spread"].items()}) for r in _module("ffn", 1.5)]
+    line = performance(single)["modules"][0]["line"]
+    assert line.startswith("cpu ffn performance: no conclusion: one process per cell")
+    assert "--rlk-processes=3" in line
+
+
+def test_measured_cells_whose_runs_were_all_dropped_say_why_not_how() -> None:
+    """Three processes asked for, none counted (noise): the line gives the reason, never the
+    advice to run several processes."""
+    records = []
+    for r in _module("ffn", 1.5):
+        one = {k: {"steps": v["steps"][:6]} for k, v in r["phase_spread"].items()}
+        records.append(dict(r, phase_spread=one, performance_usable=False,
+                            measured={"requested": 3, "ran": 3, "used": 0},
+                            validity={"performance": {"reasons": [
+                                "process 2 (measured.2) not counted: timings not usable: noise"]}}))
+    line = performance(records)["modules"][0]["line"]
+    assert "--rlk-processes" not in line and "one process per cell" not in line, line
+    assert "not counted: timings not usable: noise" in line, line
+
+
+def test_min_processes_below_two_is_refused_with_the_way_to_supply_processes(
+        tmp_path: Path) -> None:
+    path = tmp_path / "matrix.toml"
+    base = ('[matrix]\nname = "t"\n[runner]\ncommand = "true"\n'
+            '[hardware.cpu]\nbackend = "cpu"\n')
+    path.write_text(base + "[performance]\nmin_processes = 1\n")
+    with pytest.raises(MatrixFileError) as err:
+        load_matrix(path)
+    assert "processes = 3" in str(err.value) and "--rlk-processes=3" in str(err.value)
+    path.write_text(base + "[performance]\nprocesses = 0\n")
+    with pytest.raises(MatrixFileError):
+        load_matrix(path)
+    path.write_text(base + "[performance]\nprocesses = 4\n")
+    assert load_matrix(path).performance.processes == 4
+
+
+def test_the_docs_vime_example_gives_enough_steps() -> None:
+    """docs/en/cuda-h100.md's vime example must not declare fewer steps than min_steps."""
+    for lang in ("en", "zh"):
+        text = (Path(__file__).parents[1] / "docs" / lang / "cuda-h100.md").read_text()
+        for line in text.splitlines():
+            if line.strip().startswith("repeats ="):
+                assert int(line.split("=")[1].split("#")[0]) >= 5, (lang, line)
+    assert os.sep  # (the docs exist in both languages)
+
+
+def test_a_measured_run_whose_route_changed_or_failed_is_dropped() -> None:
+    from pytest_rlkernel_matrix.report.measured import drop_reason
+
+    def rec(impl: str = "rl_kernel", **extra: Any) -> dict[str, Any]:
+        route = {"implementation": impl, "backend_ids": [f"{impl}.ffn"], "fallback": False}
+        return {"verdict": "valid", "exit_code": 0, "fallbacks": [], "reasons": [],
+                "routes": {"ffn": {"requested": "R/R", "training": dict(route),
+                                   "rollout": dict(route)}},
+                "validity": {"performance": {"valid": True, "reasons": []}}, **extra}
+
+    first = rec()
+    assert drop_reason(first, rec()) is None
+    changed = rec()
+    changed["routes"]["ffn"]["rollout"] = {"implementation": "production",
+                                           "backend_ids": ["vllm.production.ffn"],
+                                           "fallback": False}
+    assert drop_reason(first, changed) == ("route changed: ffn rollout rl_kernel rl_kernel.ffn "
+                                           "-> production vllm.production.ffn")
+    assert drop_reason(first, rec(exit_code=1, verdict="error",
+                                  reasons=["exit code 1"])) == "error: exit code 1"
+    assert drop_reason(first, rec(timed_out=True)) == "timed out"
+    noisy = rec(validity={"performance": {"valid": False, "reasons": ["noise: spread 80%"]}})
+    assert drop_reason(first, noisy) == "timings not usable: noise: spread 80%"
