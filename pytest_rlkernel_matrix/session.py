@@ -509,25 +509,11 @@ class MatrixSession:
 
     def _maybe_probe(self, cell: Cell, run_dir: Path, job: CellJob,
                      record: dict[str, Any]) -> dict[str, Any]:
-        """`--rlk-probe` / `[probe] when = "drift"`: a cell whose run completed and drifted gets a
-        separate probe run (its own directory under the cell's; the measured run is left as it
-        is); a timed-out or errored one gets `probe-note.json` saying why none was run."""
-        from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_plan, write_probe_note
+        """The follow-up runs of a finished cell: its profile run, then its probe run
+        (`followup.py`); the record as they leave it."""
+        from pytest_rlkernel_matrix.followup import follow_up
 
-        if not (self.probe or self.matrix.probe.when == "drift"):
-            return record
-        plan = probe_plan(record, self.matrix.runner.launcher)
-        if plan is None:
-            return record  # completed without drift: nothing to localise
-        if plan != "probe":
-            write_probe_note(run_dir, plan, write=self.write_json)
-        else:
-            probe_cell(run_dir, command=job.command, cwd=job.cwd, env=dict(job.env),
-                       timeout=self.matrix.runner.timeout, budget=self.matrix.probe.tokens,
-                       controls=self.matrix.probe.controls, write=self.write_json)
-        record = self._analyze(run_dir, cell)  # picks the probe's localisation.json up
-        self.write_json(run_dir / RECORD_CACHE, record)
-        return record
+        return follow_up(self, cell, run_dir, job, record)
 
     def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,
                 recorded: Mapping[str, str], blockers: list[list[str]],

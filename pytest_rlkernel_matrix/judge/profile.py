@@ -33,6 +33,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import statistics
 import zlib
 from collections import defaultdict
 from pathlib import Path
@@ -47,6 +48,7 @@ BUCKETS = ("attention", "ffn", "logp", "comm", "other")
 MAX_TRACE_BYTES = 1 << 30  # compressed or plain, per file
 MAX_JSON_BYTES = 4 << 30  # decompressed
 TOP = 3
+MAX_NAMES = 40  # kernels kept per bucket in the summary (the largest)
 _MODULE_RANGE = re.compile(r"^rlk\.(training|rollout)\.(attention|ffn|logp|comm)$")
 _PHASE_RANGE = "rlk.phase."
 _BACKWARD = "autograd::engine::evaluate_function"
@@ -88,8 +90,8 @@ def _by_name(name: str) -> str:
 
 
 def bucket_events(events: list[dict[str, Any]], side_hint: str = "unknown") -> dict[str, Any]:
-    """{"unit", "annotated", "times": {side: {phase: {module: {name: [us, calls]}}}}} of one
-    trace."""
+    """{"unit", "annotated", "times": {side: {phase: {module: {name: [us of each call]}}}}} of
+    one trace."""
     complete = [e for e in events if e.get("ph") == "X" and _num(e.get("ts")) is not None
                 and _num(e.get("dur")) is not None]
     kernels = [e for e in complete if e.get("cat") == "kernel"]
@@ -99,7 +101,7 @@ def bucket_events(events: list[dict[str, Any]], side_hint: str = "unknown") -> d
                                                    "cuda_driver")]
     host.sort(key=lambda e: (str(e.get("pid")), str(e.get("tid")), e["ts"], -e["dur"]))
     times: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: [0.0, 0]))))
+        lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(list))))
     launched: dict[Any, tuple[str, str, str | None]] = {}
     forward: dict[Any, tuple[str, str]] = {}
 
@@ -107,9 +109,7 @@ def bucket_events(events: list[dict[str, Any]], side_hint: str = "unknown") -> d
         side, phase, module = ctx
         if module is None:
             module = "other" if annotated else _by_name(name)
-        slot = times[side][phase][module][name]
-        slot[0] += us
-        slot[1] += 1
+        times[side][phase][module][name].append(us)
 
     stack: list[list[Any]] = []  # [event, ctx, child us, thread]
 
@@ -186,10 +186,8 @@ def summarise(profile_dir: Path, steps: int, root: Path | None = None) -> dict[s
             for phase, modules in phases.items():
                 for module, names in modules.items():
                     slot = total.setdefault(side, {}).setdefault(phase, {}).setdefault(module, {})
-                    for name, (us, calls) in names.items():
-                        old = slot.setdefault(name, [0.0, 0])
-                        old[0] += us
-                        old[1] += calls
+                    for name, durations in names.items():
+                        slot.setdefault(name, []).extend(durations)
     if not read:
         problems.append(f"no chrome trace under {profile_dir.name}/")
     n = max(1, steps)
@@ -197,13 +195,17 @@ def summarise(profile_dir: Path, steps: int, root: Path | None = None) -> dict[s
     for side, phases in total.items():
         for phase, modules in phases.items():
             for module, names in modules.items():
-                tops = sorted(names.items(), key=lambda kv: -kv[1][0])[:TOP]
+                # per kernel: calls x the median call, so a call the OS preempted (a loaded
+                # CPU) or a stray stall does not read as kernel time; the plain sum is kept
+                est = {k: len(d) * statistics.median(d) / 1000.0 / n for k, d in names.items()}
+                order = sorted(est, key=lambda k: -est[k])
                 buckets.setdefault(side, {}).setdefault(phase, {})[module] = {
-                    "ms_per_step": sum(v[0] for v in names.values()) / 1000.0 / n,
-                    "calls_per_step": sum(v[1] for v in names.values()) / n,
-                    "kernels": {k: v[0] / 1000.0 / n for k, v in names.items()},
-                    "top": [{"name": k, "ms_per_step": v[0] / 1000.0 / n,
-                             "calls_per_step": v[1] / n} for k, v in tops]}
+                    "ms_per_step": sum(est.values()),
+                    "sum_ms_per_step": sum(sum(d) for d in names.values()) / 1000.0 / n,
+                    "calls_per_step": sum(len(d) for d in names.values()) / n,
+                    "kernels": {k: est[k] for k in order[:MAX_NAMES]},
+                    "top": [{"name": k, "ms_per_step": est[k],
+                             "calls_per_step": len(names[k]) / n} for k in order[:TOP]]}
     return {"schema_version": "rlk.profile_summary.v1", "traces": read,
             "unit": " + ".join(sorted(units)) or None, "steps": steps,
             "excluded_from_performance": True, "note": PROFILE_NOTE,
@@ -281,8 +283,10 @@ def attach_profile(record: dict[str, Any], run_dir: Path) -> None:
         tail = p.parent.name.removeprefix("profile").removeprefix(".")
         if tail == "" or tail.isdigit():
             found.append((int(tail or 1), p))
-    if not found:
-        return
+    if not found:  # no profile run: the note saying why none was run, if there is one
+        if not (run_dir / PROFILE_NOTE_FILE).is_file():
+            return
+        found.append((0, run_dir / PROFILE_NOTE_FILE))
     path = max(found)[1]
     try:
         data = json.loads(read_bytes(path, run_dir, 64 * 1024 * 1024))
@@ -291,6 +295,106 @@ def attach_profile(record: dict[str, Any], run_dir: Path) -> None:
     except (Refused, ValueError, UnicodeDecodeError) as exc:
         data = {"buckets": {}, "problems": [f"{path.relative_to(run_dir)}: unreadable: {exc}"],
                 "note": PROFILE_NOTE, "excluded_from_performance": True}
-    data = {k: v for k, v in data.items()}
-    data["profile_run"] = path.parent.name
+    data["profile_run"] = path.parent.name if path.name == PROFILE_SUMMARY else None
     record["profile"] = data
+
+
+# ---------------------------------------------------------------------------------------------
+# The profile run: a separate run of a finished cell, in its own directory.
+
+PROFILE_NOTE_FILE = "profile-note.json"
+
+
+def profile_plan(record: dict[str, Any], launcher: str = "local") -> str:
+    """``"profile"`` (start a profile run) or why none may follow the cell's run."""
+    from pytest_rlkernel_matrix.judge.probe import probe_refusal
+
+    why = probe_refusal(record)
+    if why is None and launcher != "local":
+        why = f"profile runs use the local launcher; this matrix uses {launcher!r}"
+    return why or "profile"
+
+
+def new_profile_dir(run_dir: Path) -> Path:
+    """``<run dir>/profile``, else ``profile.2``, ...: never an existing one."""
+    n = 1
+    while True:
+        cand = run_dir / ("profile" if n == 1 else f"profile.{n}")
+        try:
+            cand.mkdir()
+            return cand
+        except FileExistsError:
+            n += 1
+
+
+def profile_cell(run_dir: Path, *, command: str | list[str], cwd: Path, env: dict[str, str],
+                 timeout: float, skip: int = 1, steps: int = 2,
+                 write: Any = None) -> dict[str, Any]:
+    """Run the cell's command again as a profile run (``skip`` unprofiled steps, then ``steps``
+    under the profiler) in ``new_profile_dir``, and write its ``profile.json`` summary.
+
+    ``env`` is the measured run's process env plus ``RL_KERNEL_PROFILE*``; the run's
+    ``cell-run.json`` says ``excluded_from_performance``. A framework's job that writes its own
+    torch.profiler traces should write them under ``$RL_KERNEL_PROFILE_DIR``."""
+    from pytest_rlkernel_matrix.run.runner import ARTIFACT_SUBDIRS, run_cell_command
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+
+    write = write or write_json_atomic
+    pdir = new_profile_dir(run_dir)
+    for sub in ARTIFACT_SUBDIRS.values():
+        (pdir / sub).mkdir(exist_ok=True)
+    penv = {**env, "RL_KERNEL_ARTIFACT_DIR": str(pdir),
+            **{var: str(pdir / sub) for var, sub in ARTIFACT_SUBDIRS.items()},
+            "RL_KERNEL_PROFILE": "1", "RL_KERNEL_PROFILE_DIR": str(pdir / "profile"),
+            "RL_KERNEL_PROFILE_SKIP": str(skip), "RL_KERNEL_MATRIX_WARMUP": str(skip),
+            "RL_KERNEL_MATRIX_REPEATS": str(steps),
+            "RL_KERNEL_RUN_ID": env.get("RL_KERNEL_RUN_ID", run_dir.name) + "-profile"}
+    result = run_cell_command(command, cwd=cwd, env=penv, timeout=timeout, artifact_dir=pdir,
+                              raise_on_interrupt=True)
+    write(pdir / "cell-run.json", {
+        "profile": True, "excluded_from_performance": True, "profile_of": run_dir.name,
+        "run": result.as_dict(), "skip_steps": skip, "profiled_steps": steps,
+        "env": {k: penv[k] for k in sorted(penv) if k.startswith("RL_KERNEL_PROFILE")}})
+    summary = summarise(pdir / "profile", steps, root=run_dir)
+    if result.exit_code != 0:
+        summary["problems"].insert(0, f"the profile run exited {result.exit_code}"
+                                   f"{' (timed out)' if result.timed_out else ''}: see "
+                                   f"{pdir.name}/run.log")
+    write(pdir / PROFILE_SUMMARY, summary)
+    return summary
+
+
+def write_profile_note(run_dir: Path, why: str, write: Any = None) -> None:
+    """``<run dir>/profile-note.json``: no profile run, and why (the record's ``profile``)."""
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+
+    (write or write_json_atomic)(run_dir / PROFILE_NOTE_FILE, {
+        "buckets": {}, "note": PROFILE_NOTE, "excluded_from_performance": True,
+        "problems": [f"no profile run: {why}"]})
+
+
+def follow_profile(matrix: Any, run_dir: Path, job: Any, record: dict[str, Any],
+                   write: Any = None) -> bool:
+    """After a cell's run, with ``[profile] when = "always"`` (or ``--rlk-profile``): its
+    profile run, or ``profile-note.json`` saying why none; True when either was written."""
+    if matrix.profile.when != "always":
+        return False
+    plan = profile_plan(record, matrix.runner.launcher)
+    if plan != "profile":
+        write_profile_note(run_dir, plan, write)
+        return True
+    profile_cell(run_dir, command=job.command, cwd=job.cwd, env=dict(job.env),
+                 timeout=matrix.runner.timeout, skip=matrix.profile.skip,
+                 steps=matrix.profile.steps, write=write)
+    return True
+
+
+def terminal_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The terminal's profile lines: each R-vs-P difference and, once, what the figures are."""
+    lines = statements(records)
+    notes = {str(p) for r in records if isinstance(r.get("profile"), dict)
+             for p in (r["profile"].get("problems") or [])[:1]}
+    lines += [f"profile: {n}" for n in sorted(notes)]
+    if lines:
+        lines.append(f"profile figures are {PROFILE_NOTE}")
+    return lines

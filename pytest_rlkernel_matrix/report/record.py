@@ -164,6 +164,7 @@ def analyze_run(
     that knows the cell's secrets; without one, the secrets of this process's environment.
     """
     from pytest_rlkernel_matrix.judge.evidence import pt_memo, read_evidence
+    from pytest_rlkernel_matrix.judge.profile import attach_profile
     from pytest_rlkernel_matrix.judge.verdict import Policy, decide
     from pytest_rlkernel_matrix.run.runner import RunResult
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
@@ -200,6 +201,7 @@ def analyze_run(
         if isinstance(scheduler, dict):
             _judge_node(record, run_cell, scheduler, fps)
         _attach_localisation(record, run_dir)
+        attach_profile(record, run_dir)
         return scrub(record)
     except Exception as exc:  # a bug or a shape no reader foresaw: this cell is an error
         return scrub(error_record(cell or run_cell, str(meta["mode"]),
