@@ -300,3 +300,22 @@ def test_drill_end_to_end_needs_repeated_processes(pytester: pytest.Pytester, tm
     assert rollout and rollout[0]["conclusion"] == "slower" and rollout[0]["low"] > 1.0
     out = result.stdout.str()
     assert "ffn, rollout side: R +" in out
+
+
+def test_table_and_html_show_the_unattributed_share() -> None:
+    from pytest_rlkernel_matrix.cli import markdown_table
+    from pytest_rlkernel_matrix.report.html_parts import phases_view
+    from pytest_rlkernel_matrix.report.matrix_report import table
+
+    rec = {"hardware": "cpu", "module": "ffn", "case": "R/R", "verdict": "valid",
+           "rollout_wall_time": 3.0, "training_wall_time": 2.0, "weight_sync_wall_time": 1.0,
+           "unattributed_wall_time": 4.0, "unattributed_share": 0.4, "step_wall_time": 10.0,
+           "phase_spread": {"unattributed_wall_time": {"n": 5, "min": 3.5, "max": 4.5}}}
+    lines = markdown_table({"cells": [rec]})
+    assert "unattributed s (share)" in lines[0] and "| 4 (40%) |" in lines[2]
+    assert "4 (40%)" in "\n".join(table([rec]))
+    view = phases_view(rec)
+    assert view is not None
+    (row,) = [r for r in view["rows"] if r["label"] == "unattributed"]
+    assert "40% of the step, in no phase" in row["bar"]["title"]
+    assert row["bar"]["text"].endswith("(40%)")

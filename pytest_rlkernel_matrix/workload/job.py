@@ -420,6 +420,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     except UsageError as exc:
         print(f"[rlk-reference] error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    graphs = graphs and not profile.enabled  # a profile run decodes eagerly: modules in ranges
     kernels = {s: SideKernels.build(s, impls[s], dtype, tiling, cfg.rms_norm_eps,
                                     backend, tp=grid.tp_group, tap=probe.tap(s, grid.tp_group))
                for s in SIDES}
