@@ -275,6 +275,9 @@ def test_rlk_profile_runs_separate_profile_runs(pytester: pytest.Pytester, tmp_p
     out = result.stdout.str()
     assert "ffn profile, rollout phase, R/R vs R/P" in out
     assert "kernel sums for localisation, not step time" in out
+    assert any("R/R vs R/P" in line for line in report["profile"])
+    html = (root / "matrix-report.html").read_text()
+    assert "Profile runs (kernel sums for localisation, not step time)" in html
 
 
 def test_drill_end_to_end_needs_repeated_processes(pytester: pytest.Pytester, tmp_path: Path,

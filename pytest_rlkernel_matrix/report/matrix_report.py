@@ -19,6 +19,7 @@ from typing import Any
 
 from pytest_rlkernel_matrix import __version__
 from pytest_rlkernel_matrix.judge.accounting import table_cell as unattributed_cell
+from pytest_rlkernel_matrix.judge.profile import terminal_lines as profile_lines
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
 from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
 
@@ -133,6 +134,7 @@ def build_report(
         "node_fingerprints": node_fingerprint_groups(ordered),
         "attribution": attribution,
         "factor_attribution": factor_attribution,
+        "profile": profile_lines(ordered),  # profile runs: localisation, never a conclusion
         "cells": ordered,
     }
 
