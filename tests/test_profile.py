@@ -322,3 +322,26 @@ def test_table_and_html_show_the_unattributed_share() -> None:
     (row,) = [r for r in view["rows"] if r["label"] == "unattributed"]
     assert "40% of the step, in no phase" in row["bar"]["title"]
     assert row["bar"]["text"].endswith("(40%)")
+
+
+def test_a_framework_jobs_own_traces_are_read(pytester: pytest.Pytester, make_matrix,
+                                              tmp_path: Path) -> None:
+    """A vime-style job writes its engines' torch.profiler traces under $RL_KERNEL_PROFILE_DIR
+    (no rlk ranges): bucketed by kernel name, the side from the file name."""
+    make_matrix(modules='["attention"]')
+    root = tmp_path / "root"
+    result = pytester.runpytest(f"--rlk-matrix-root={root}", "--rlk-profile", "-p",
+                                "no:cacheprovider", "-k", "attention and (R/R or R/P)")
+    assert result.ret == 0, result.stdout.str()
+    report = json.loads((root / "matrix-report.json").read_text())
+    cells = {c["case"]: c for c in report["cells"]}
+    rr = cells["R/R"]["profile"]
+    assert rr["unit"] == "GPU kernel time" and not rr["problems"]
+    roll = rr["buckets"]["rollout"]["unknown"]
+    assert roll["attention"]["calls_per_step"] == 5 and roll["comm"]["calls_per_step"] == 2
+    assert roll["other"]["top"][0]["name"] == "sm90_xmma_gemm_bf16"
+    out = result.stdout.str()
+    assert ("attention profile, every phase (no phase ranges), R/R vs R/P (GPU kernel time"
+            in out)
+    assert "attention, rollout side: R +0.50 ms/step over P (1.50 vs 1.00 ms/step; " \
+           "flash_fwd_kernel +0.50)" in out

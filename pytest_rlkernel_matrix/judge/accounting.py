@@ -4,7 +4,8 @@ A step's wall time is weight sync + rollout + training + the rest. ``unattribute
 is, per step, ``perf/step_time`` minus the rollout, training and weight-sync times of the same
 step (the keys of ``logscan.PHASE_KEYS``), so a framework's orchestration, waits and anything
 the job does inside the step but outside its phases (upstream's ``analyze_performance.py`` calls
-the parts of it ``wait_residual`` and ``train_residual``) is shown, not hidden in the step. The
+the wait part ``wait_residual``: ``perf/train_wait_time`` minus rollout minus weight update) is
+shown, not hidden in the step; ``perf/data_preprocess_time`` is in it too. The
 record carries its median over the measured steps and its share of the median step
 (``unattributed_share``).
 

@@ -258,6 +258,12 @@ def statements(records: list[dict[str, Any]]) -> list[str]:
             other = by_case.get(case)
             if rr is None or other is None:
                 continue
+            held = set((rr.get("buckets") or {}).get(side) or {}) | set(
+                (other.get("buckets") or {}).get(side) or {})
+            if phase not in held:  # a framework's trace without phase ranges: the whole trace
+                if "unknown" not in held:
+                    continue
+                phase = "unknown"
             diffs = difference(rr, other, side, phase)
             own = next((d for d in diffs if d["module"] == module), None)
             shown = [own] if own is not None else []
@@ -271,7 +277,8 @@ def statements(records: list[dict[str, Any]]) -> list[str]:
                              f"({x['r_ms']:.2f} vs {x['p_ms']:.2f} ms/step"
                              + (f"; {tops}" if tops else "") + ")")
             unit = rr.get("unit") or "kernel time"
-            lines.append(f"{hw} {module} profile, {phase} phase, R/R vs {case} ({unit}; "
+            where = "every phase (no phase ranges)" if phase == "unknown" else f"{phase} phase"
+            lines.append(f"{hw} {module} profile, {where}, R/R vs {case} ({unit}; "
                          f"{PROFILE_NOTE.split(':')[0]}): " + "; largest: ".join(parts))
     return lines
 
