@@ -6,7 +6,8 @@ directory (the measured run is left as it is); neither is ever a measured run. T
 kernels cost the time; the probe run (``--rlk-probe``, ``[probe] when = "drift"``;
 ``judge/probe.py``) localises a drift to its first divergent operator. A cell that may not have
 one gets a note saying why (``profile-note.json``, ``probe-note.json``). Owned by the session
-layer: it calls back into the session to analyse and cache the record again.
+layer: it calls back into the session (``MatrixSession``: its matrix, ``probe``, ``write_json``
+and ``_analyze``) to analyse and cache the record again.
 """
 
 from __future__ import annotations
@@ -16,17 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_rlkernel_matrix.run.launchers.base import CellJob
-    from pytest_rlkernel_matrix.session import MatrixSession
     from pytest_rlkernel_matrix.spec.cells import Cell
 
 
-def follow_up(session: MatrixSession, cell: Cell, run_dir: Path, job: CellJob,
-              record: dict[str, Any]) -> dict[str, Any]:
+def follow_up(session: Any, cell: Cell, run_dir: Path, job: CellJob,
+              record: dict[str, Any], cache: str) -> dict[str, Any]:
     """The profile run, then the probe run of the cell's finished run; the record re-analysed
-    (and cached) when either left something for it."""
+    (and cached as ``<run dir>/<cache>``) when either left something for it."""
     from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_plan, write_probe_note
     from pytest_rlkernel_matrix.judge.profile import follow_profile
-    from pytest_rlkernel_matrix.session import RECORD_CACHE
 
     matrix = session.matrix
     changed = follow_profile(matrix, run_dir, job, record, session.write_json)
@@ -43,5 +42,5 @@ def follow_up(session: MatrixSession, cell: Cell, run_dir: Path, job: CellJob,
     if not changed:
         return record
     record = session._analyze(run_dir, cell)  # picks profile.json / localisation.json up
-    session.write_json(run_dir / RECORD_CACHE, record)
+    session.write_json(run_dir / cache, record)
     return record

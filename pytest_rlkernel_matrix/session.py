@@ -513,7 +513,7 @@ class MatrixSession:
         (`followup.py`); the record as they leave it."""
         from pytest_rlkernel_matrix.followup import follow_up
 
-        return follow_up(self, cell, run_dir, job, record)
+        return follow_up(self, cell, run_dir, job, record, RECORD_CACHE)
 
     def _finish(self, cell: Cell, mode: str, run_dir: Path, result: RunResult,
                 recorded: Mapping[str, str], blockers: list[list[str]],
