@@ -320,6 +320,7 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     conclusion: ...". Every ratio has the direction of the terminal's attribution (`DIRECTION`):
     the R/R baseline's time over the cell's, i.e. time with R over time with P.
     """
+    from pytest_rlkernel_matrix.judge.accounting import table_cell as unattributed_cell
     from pytest_rlkernel_matrix.judge.stats import DIRECTION, level
     from pytest_rlkernel_matrix.report.attribution import (
         SIDES,
@@ -337,9 +338,9 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     level_ = level(policy.confidence)
     lines = [
         "| hardware | module | case | verdict | mismatches / active | max abs dlogp | "
-        "mean abs dlogp | rollout s | training s | step s | steps | "
-        f"step time, R/R baseline / this cell ({DIRECTION}) [{level_} CI] |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "mean abs dlogp | rollout s | training s | sync s | unattributed s (share) | step s | "
+        f"steps | step time, R/R baseline / this cell ({DIRECTION}) [{level_} CI] |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
         rr = base.get((c["hardware"], c["module"]))
@@ -359,7 +360,9 @@ def markdown_table(report: dict[str, object]) -> list[str]:
             f"{_fmt(c.get('logprob_abs_diff_max'), '.3g')} | "
             f"{_fmt(c.get('logprob_abs_diff_mean'), '.3g')} | "
             f"{_fmt(c.get('rollout_wall_time'), '.2f')} | "
-            f"{_fmt(c.get('training_wall_time'), '.2f')} | {_fmt(c.get('step_wall_time'), '.2f')} "
+            f"{_fmt(c.get('training_wall_time'), '.2f')} | "
+            f"{_fmt(c.get('weight_sync_wall_time'), '.3f')} | {unattributed_cell(c)} | "
+            f"{_fmt(c.get('step_wall_time'), '.2f')} "
             f"| {_fmt(n, 'd')} | {shown} |"
         )
     lines += ["", "| hardware | module | step time, R/R run / this module's P/P run "

@@ -1,4 +1,4 @@
-"""Processes beyond a cell's first run: measured runs, the run-to-run repeat and the probe run.
+"""Processes after a cell's first run: measured, run-to-run repeat, profile and probe runs.
 
 Measured runs (`[performance] processes = N`, `--rlk-processes=N`): the first process of a cell is
 its correctness run, judged as ever in its own test item. After this process's last item (a
@@ -113,22 +113,30 @@ def repeat(ms: Any, cell: Any, mode: str, run_dir: Path, env_hook: Any) -> dict 
 
 def maybe_probe(ms: Any, cell: Any, run_dir: Path, job: Any,
                 record: dict[str, Any]) -> dict[str, Any]:
-    """`--rlk-probe` / `[probe] when = "drift"`: a cell whose run completed and drifted gets a
-    separate probe run (its own directory under the cell's; the measured run is left as it
-    is); a timed-out or errored one gets `probe-note.json` saying why none was run."""
+    """The follow-up runs of a finished cell, each a separate run in its own directory under the
+    cell's (the measured run is left as it is; neither is ever a measured run): its profile run
+    (`--rlk-profile`, `[profile] when = "always"`; `judge/profile.py`: which module's kernels
+    cost the time), then its probe run (`--rlk-probe`, `[probe] when = "drift"`;
+    `judge/probe.py`: a drift's first divergent operator). A cell that may not have one gets a
+    note saying why (`profile-note.json`, `probe-note.json`). The record is analysed again (and
+    cached) when either left something for it."""
     from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_plan, write_probe_note
+    from pytest_rlkernel_matrix.judge.profile import follow_profile
 
-    if not (ms.probe or ms.matrix.probe.when == "drift"):
+    matrix = ms.matrix
+    changed = follow_profile(matrix, run_dir, job, record, ms.write_json)
+    if ms.probe or matrix.probe.when == "drift":
+        plan = probe_plan(record, matrix.runner.launcher)
+        if plan is not None and plan != "probe":
+            write_probe_note(run_dir, plan, write=ms.write_json)
+            changed = True
+        elif plan == "probe":
+            probe_cell(run_dir, command=job.command, cwd=job.cwd, env=dict(job.env),
+                       timeout=matrix.runner.timeout, budget=matrix.probe.tokens,
+                       controls=matrix.probe.controls, write=ms.write_json)
+            changed = True
+    if not changed:
         return record
-    plan = probe_plan(record, ms.matrix.runner.launcher)
-    if plan is None:
-        return record  # completed without drift: nothing to localise
-    if plan != "probe":
-        write_probe_note(run_dir, plan, write=ms.write_json)
-    else:
-        probe_cell(run_dir, command=job.command, cwd=job.cwd, env=dict(job.env),
-                   timeout=ms.matrix.runner.timeout, budget=ms.matrix.probe.tokens,
-                   controls=ms.matrix.probe.controls, write=ms.write_json)
-    record = ms._analyze(run_dir, cell)  # picks the probe's localisation.json up
+    record = ms._analyze(run_dir, cell)  # picks profile.json / localisation.json up
     ms.write_json(run_dir / RECORD_CACHE, record)
     return record

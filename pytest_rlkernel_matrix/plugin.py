@@ -74,6 +74,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rlk-probe", action="store_true", default=False,
                     help="after a drifting cell, a separate probe run of it localises the "
                     "drift to its first divergent operator (as [probe] when = \"drift\")")
+    group.addoption("--rlk-profile", action="store_true", default=False,
+                    help="after each cell, a separate profile run of it (torch.profiler, never "
+                    "a measured run) says which module's kernels cost the time "
+                    "(as [profile] when = \"always\")")
     # Default "": unset, the rootdir's matrix.toml is used only if it exists (a project without
     # one is left alone); a file named here or by --rlk-matrix must exist.
     parser.addini("rlk_matrix", "matrix file collected by default (default: matrix.toml in the "
@@ -223,6 +227,9 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--rlk-processes={processes}: a number from 1 to 64")
         matrix = matrix.model_copy(update={
             "performance": matrix.performance.model_copy(update={"processes": processes})})
+    if config.getoption("rlk_profile"):
+        matrix = matrix.model_copy(update={
+            "profile": matrix.profile.model_copy(update={"when": "always"})})
     plan = bool(config.getoption("rlk_plan"))
     # --collect-only and --rlk-plan run nothing, so they write nothing either.
     dry = plan or bool(config.getoption("collectonly"))
@@ -595,6 +602,10 @@ class MatrixHooks:
             loc = rec.get("localisation")
             if isinstance(loc, dict) and isinstance(loc.get("summary"), str):
                 tr.write_line(f"{rec['module']} {rec['case']}: {loc['summary']}")
+        from pytest_rlkernel_matrix.judge.profile import terminal_lines
+
+        for line in terminal_lines(list(ms.records.values())):
+            tr.write_line(line)
         from pytest_rlkernel_matrix.report.matrix_report import node_fingerprint_groups
 
         for flag in node_fingerprint_groups(list(ms.records.values()))["flags"]:

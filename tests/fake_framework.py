@@ -102,6 +102,23 @@ def _audit(version: str, scope: str, content: str) -> dict[str, object]:
             "tensor_count": len(tensors), "tensors": tensors}
 
 
+def _traces(where: Path, cases: dict[str, str]) -> None:
+    """vLLM's and Megatron's torch.profiler chrome traces (no rlk ranges, GPU kernels only):
+    R attention on a side takes 300 us a call there, P 200 us."""
+    import gzip
+
+    where.mkdir(parents=True, exist_ok=True)
+    for side, name, letter in (("rollout", "vllm_worker0", 1), ("training", "megatron_rank0", 0)):
+        attn = 300.0 if cases["attention"].split("/")[letter] == "R" else 200.0
+        kernels = [("flash_fwd_kernel", attn)] * 10 + [("sm90_xmma_gemm_bf16", 500.0)] * 10 + [
+            ("ncclDevKernel_AllReduce_Sum_bf16", 50.0)] * 4
+        events = [{"ph": "X", "cat": "kernel", "name": k, "pid": 0, "tid": 7,
+                   "ts": 1000.0 * i, "dur": d, "args": {"correlation": i}}
+                  for i, (k, d) in enumerate(kernels)]
+        with gzip.open(where / f"{name}.{side}.pt.trace.json.gz", "wt") as f:
+            json.dump({"traceEvents": events}, f)
+
+
 def main() -> int:
     env = os.environ
     art = Path(env["RL_KERNEL_ARTIFACT_DIR"])
@@ -201,6 +218,8 @@ def main() -> int:
 
     if scenario == "profiler":
         print("[RL-Kernel][contamination] profiler=1")
+    if env.get("RL_KERNEL_PROFILE") == "1":  # a profile run: the engines' own torch traces
+        _traces(Path(env["RL_KERNEL_PROFILE_DIR"]), cases)
     if scenario != "no_perf":
         # FAKE_STEP_TIMES="1.0,2.5,...": one perf record per step with that step time (rollout
         # 46%, training 38% of it); FAKE_BUSY_SECONDS keeps the process alive that long.

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from pytest_rlkernel_matrix.judge.accounting import SHARE, UNATTRIBUTED, unattributed_series
 from pytest_rlkernel_matrix.store.safeio import MAX_LOG_BYTES, Refused, open_regular
 
 MAX_LINE_BYTES = 256 * 1024
@@ -115,6 +116,7 @@ PHASE_KEYS: dict[str, tuple[str, ...]] = {
         "perf/tokens_per_sec", "perf/actor_train_tok_per_s", "perf/tokens_per_gpu_per_sec",
     ),
     "peak_memory": ("perf/peak_memory_bytes", "perf/max_memory_allocated_bytes"),
+    "debug_wall_time": ("perf/rlk_debug_time",),  # the reference job's debug work (accounting)
 }
 
 
@@ -169,12 +171,15 @@ class LogScan:
                 if values:
                     out[name] = values
                     break
+        rest = unattributed_series(perf, PHASE_KEYS)  # step minus its phases (accounting.py)
+        if rest:
+            out[UNATTRIBUTED] = rest
         return out
 
     def phases(self, warmup: int = 0) -> tuple[dict[str, float | None], dict[str, object]]:
         """Median per phase over the measured steps (the first `warmup` dropped) + spread."""
         series = self.phase_series()
-        medians: dict[str, float | None] = dict.fromkeys(PHASE_KEYS)
+        medians: dict[str, float | None] = dict.fromkeys((*PHASE_KEYS, UNATTRIBUTED))
         spread: dict[str, object] = {}
         for name, values in series.items():
             measured = values[warmup:] if len(values) > warmup else values
@@ -188,6 +193,8 @@ class LogScan:
                 "warmup_dropped": len(values) - len(measured),
                 "steps": measured,  # every measured step, for intervals (stats.py)
             }
+        step, rest = medians.get("step_wall_time"), medians.get(UNATTRIBUTED)
+        medians[SHARE] = (rest / step if rest is not None and step else None)
         return medians, spread
 
 

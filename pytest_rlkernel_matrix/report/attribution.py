@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_rlkernel_matrix.judge.accounting import unattributed_note
 from pytest_rlkernel_matrix.judge.stats import (
     DIRECTION,
     NOISE,
@@ -31,7 +32,8 @@ from pytest_rlkernel_matrix.spec.terms import ALL_MODULES as MODULES
 
 DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
          "mismatch_fraction")
-PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time", "step_wall_time")
+PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time",
+          "unattributed_wall_time", "step_wall_time")
 CELLS = ("R/R", "P/R", "R/P", "P/P")
 
 
@@ -359,6 +361,10 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entry["refused"].extend(refused)
         entry["timing"] = ratios
         entry["conclusion"] = f"{module}: {drift}; {timing}"
+        note = unattributed_note(cells)  # the step share in no phase, above its limit
+        if note:
+            entry["unattributed"] = note
+            entry["conclusion"] += f"; {note}"
         out.append(entry)
     return out
 

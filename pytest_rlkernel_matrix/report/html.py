@@ -238,7 +238,8 @@ def _factor_rows(report: Mapping[str, Any]) -> View | None:
 def _attribution(report: Mapping[str, Any]) -> View | None:
     entries = [e for e in _list(report.get("attribution")) if isinstance(e, Mapping)]
     factors = _factor_rows(report)
-    if not entries and factors is None:
+    profile = [str(line) for line in _list(report.get("profile"))]  # judge/profile.py
+    if not entries and factors is None and not profile:
         return None
     rows = []
     details = []
@@ -253,7 +254,7 @@ def _attribution(report: Mapping[str, Any]) -> View | None:
                             "drift": _effects_table("drift", effects.get("drift")),
                             "time": _effects_table("time", effects.get("time"))})
     return {"table": _table(("hardware", "module", "conclusion", "refused"), rows),
-            "details": details, "factors": factors}
+            "details": details, "factors": factors, "profile": profile}
 
 
 def _interval(entry: Any) -> str:

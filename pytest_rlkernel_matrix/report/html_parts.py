@@ -76,7 +76,8 @@ JUDGEMENTS = ("route", "semantic", "numeric", "performance")
 
 
 PHASES = (("rollout", "rollout_wall_time"), ("training", "training_wall_time"),
-          ("weight sync", "weight_sync_wall_time"), ("step", "step_wall_time"))
+          ("weight sync", "weight_sync_wall_time"), ("unattributed", "unattributed_wall_time"),
+          ("step", "step_wall_time"))
 
 
 DRIFT_FIELDS = ("logprob_abs_diff_mean", "logprob_abs_diff_p50", "logprob_abs_diff_p90",
@@ -355,6 +356,9 @@ def phases_view(record: Mapping[str, Any]) -> View | None:
             bw = max(scale * max(v, 0.0), 1.0)
             lo, hi, n = _num(sp.get("min")), _num(sp.get("max")), sp.get("n")
             tip = f"{label}: median {_fmt_s(v)}"
+            share = _num(record.get("unattributed_share"))
+            if label == "unattributed" and share is not None:
+                tip += f" ({share:.0%} of the step, in no phase)"
             end = left + bw
             whisker = None
             if lo is not None and hi is not None:
@@ -366,7 +370,9 @@ def phases_view(record: Mapping[str, Any]) -> View | None:
             entry["bar"] = {"cls": "bar0" if label == "step" else "bar", "x": left,
                             "y": y + 3, "w": _f1(bw), "h": row - 7, "tx": _f1(end + 4),
                             "title": tip, "whisker": whisker,
-                            "text": _fmt_s(v) + (f" n={n}" if isinstance(n, int) else "")}
+                            "text": _fmt_s(v) + (f" n={n}" if isinstance(n, int) else "")
+                            + (f" ({share:.0%})" if label == "unattributed"
+                               and share is not None else "")}
         rows.append(entry)
     return {"w": w, "h": row * len(values) + 6, "left": left, "rows": rows}
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix import __version__
+from pytest_rlkernel_matrix.judge.accounting import table_cell as unattributed_cell
+from pytest_rlkernel_matrix.judge.profile import terminal_lines as profile_lines
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
 from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
 
@@ -169,6 +171,7 @@ def build_report(
         "attribution": attribution,
         "factor_attribution": factor_attribution,
         "performance": perf,
+        "profile": profile_lines(ordered),  # profile runs: localisation, never a conclusion
         "cells": ordered,
     }
 
@@ -223,7 +226,8 @@ def route_shown(r: Mapping[str, Any], side: str) -> str:
 def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The request's report template as a terminal table."""
     head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
-            "max|dlogp|", "mismatch", "rollout", "train", "sync", "step", "verdict")
+            "max|dlogp|", "mismatch", "rollout", "train", "sync", "unattributed", "step",
+            "verdict")
     rows = [head]
     for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
         rows.append((
@@ -235,8 +239,8 @@ def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{r.get('mismatch_count', 0)}/{r.get('active_token_count')}"
             + _bytes_note(r),
             _fmt_s(r.get("rollout_wall_time")), _fmt_s(r.get("training_wall_time")),
-            _fmt_s(r.get("weight_sync_wall_time")), _fmt_s(r.get("step_wall_time")),
-            str(r["verdict"]),
+            _fmt_s(r.get("weight_sync_wall_time")), unattributed_cell(r),
+            _fmt_s(r.get("step_wall_time")), str(r["verdict"]),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

@@ -214,6 +214,7 @@ def analyze_run(
     that knows the cell's secrets; without one, the secrets of this process's environment.
     """
     from pytest_rlkernel_matrix.judge.evidence import pt_memo, read_evidence
+    from pytest_rlkernel_matrix.judge.profile import attach_profile
     from pytest_rlkernel_matrix.judge.verdict import Policy, decide
     from pytest_rlkernel_matrix.run.runner import RunResult
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
@@ -256,6 +257,7 @@ def analyze_run(
             d, gaps=gaps, fingerprints=fingerprints, cell=run_cell, mode=mode,
             artifact_dir=f"{artifact_dir or meta.get('artifact_dir')}/{d.name}",
             scrubber=scrubber))
+        attach_profile(record, run_dir)
         return scrub(record)
     except Exception as exc:  # a bug or a shape no reader foresaw: this cell is an error
         return scrub(error_record(cell or run_cell, str(meta["mode"]),

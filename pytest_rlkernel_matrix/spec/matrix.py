@@ -393,6 +393,16 @@ class ProbeSection(_Strict):
     tokens: int = Field(default=8, ge=1, le=4096, description="probe token budget per cell")
     controls: int = Field(default=2, ge=0, le=64, description="matching tokens probed as "
                           "controls next to the mismatching ones")
+class ProfileSection(_Strict):
+    """`[profile]`: separate profile runs (torch.profiler) of the cells, never measured runs
+    (docs/en/performance.md, "Profile runs")."""
+
+    when: Literal["never", "always"] = Field(default="never", description="always: after each "
+                                             "cell's run, a separate profile run of it")
+    skip: int = Field(default=1, ge=0, le=100, description="steps run before the profiler starts")
+    steps: int = Field(default=2, ge=1, le=100, description="steps run under the profiler")
+
+
 class ReproducibilitySection(_Strict):
     """`[reproducibility]`: run the all-R baseline cells `runs` times (same seed, separate
     processes and run directories) and compare sidecar bytes and weight chains."""
@@ -501,6 +511,7 @@ class MatrixFile(_Strict):
     preflight: PreflightSection = Field(default_factory=PreflightSection)
     performance: PerformanceSection = Field(default_factory=PerformanceSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
+    profile: ProfileSection = Field(default_factory=ProfileSection)
     reproducibility: ReproducibilitySection = Field(default_factory=ReproducibilitySection)
     hardware: dict[str, HardwareProfile]
     factors: dict[str, Factor] = Field(

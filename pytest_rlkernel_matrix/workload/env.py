@@ -22,12 +22,13 @@ CASES = ("P/P", "P/R", "R/P", "R/R")
 
 
 FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupported",
-               "nondeterministic", "drift_growth")
+               "nondeterministic", "drift_growth", "slow")
 # nondeterministic (same within a run, different between runs): on the training side, noise on
 # the module's gradients (a backward whose atomics vary run to run); on the rollout side, the
 # sampler's seed (a rollout engine whose sampling is not pinned); either applies only where the
 # module's side runs the R path. drift_growth: the module's output on the side scaled by
-# 1 + step * 2**-6 (grows with the step index, none at step 0).
+# 1 + step * 2**-6 (grows with the step index, none at step 0). slow:<module>:<side>:<factor>:
+# where the module's side runs the R path, its kernels take `factor` times as long (profiling.py).
 
 
 RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
@@ -68,11 +69,13 @@ def backward_mode() -> str:
 
 @dataclass
 class FaultDrill:
-    """A fault drill switched on by ``RLK_REF_FAULT=<kind>[:<module>[:<side>]]``."""
+    """A fault drill switched on by ``RLK_REF_FAULT=<kind>[:<module>[:<side>]]`` (the slow
+    drill: ``slow:<module>:<side>:<factor>``, factor a number from 1 to 100)."""
 
     kind: str
     module: str = "attention"
     side: str = "rollout"
+    factor: float = 1.0
 
     @classmethod
     def from_env(cls) -> FaultDrill | None:
@@ -82,9 +85,18 @@ class FaultDrill:
         parts = raw.split(":")
         drill = cls(*parts[:3])
         if (drill.kind not in FAULT_KINDS or drill.module not in ALL_MODULES
-                or drill.side not in SIDES):
+                or drill.side not in SIDES or len(parts) > (4 if drill.kind == "slow" else 3)):
             raise UsageError(f"RLK_REF_FAULT={raw!r}: expected <kind>[:<module>[:<side>]] with "
-                             f"kind in {FAULT_KINDS}, module in {ALL_MODULES}, side in {SIDES}")
+                             f"kind in {FAULT_KINDS}, module in {ALL_MODULES}, side in {SIDES} "
+                             "(slow:<module>:<side>:<factor>)")
+        if drill.kind == "slow":
+            try:
+                drill.factor = float(parts[3]) if len(parts) == 4 else float("nan")
+            except ValueError:
+                drill.factor = float("nan")
+            if not 1.0 <= drill.factor <= 100.0:  # NaN fails too
+                raise UsageError(f"RLK_REF_FAULT={raw!r}: slow needs "
+                                 "slow:<module>:<side>:<factor> with a factor from 1 to 100")
         if drill.kind == "nondeterministic":  # drawn here, before the ranks start
             run_nonce()
         return drill

@@ -73,6 +73,7 @@ from .parallel import (
     zigzag_index,
 )
 from .probe import PERTURB_FACTOR, ProbeRequest
+from .profiling import STEP_TIMING, ProfileRequest, instrument
 from .sampling import FAST_PATHS, finish, sample_top_p, sampler_mode
 from .upstream import (
     manifest_fields,
@@ -415,9 +416,11 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     impls = {s: {"comm": comm_default, **routes[s].actual} for s in SIDES}
     try:
         probe = ProbeRequest.from_env(env.artifact_dir, cfg.num_hidden_layers)
+        profile = ProfileRequest.from_env(env.artifact_dir)
     except UsageError as exc:
         print(f"[rlk-reference] error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    graphs = graphs and not profile.enabled  # a profile run decodes eagerly: modules in ranges
     kernels = {s: SideKernels.build(s, impls[s], dtype, tiling, cfg.rms_norm_eps,
                                     backend, tp=grid.tp_group, tap=probe.tap(s, grid.tp_group))
                for s in SIDES}
@@ -460,6 +463,9 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                      "ignore_eos": args.ignore_eos},
     }
     manifest["topology"].update(upstream["topology"])  # the counts RL-Kernel's validator reads
+    manifest["timing"], manifest["profile"] = STEP_TIMING, profile.manifest()
+    instrument(kernels, profile, drill, bool(manifest["fault_drill"]
+                                             and manifest["fault_drill"]["applied"]))
     if lead:
         write_json(env.artifact_dir / "manifest.json", manifest)
     if not lead:  # the other ranks stay quiet on the shared log (errors still go to stderr)
@@ -538,22 +544,31 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     for step in range(args.steps):
         if drill and drill.kind == "drift_growth":
             kernels[drill.side].module(drill.module).drift = step * rl.DRIFT_STEP
+        profile.step(step, device)
         sync(device)
         t0 = time.perf_counter()
+        profile.phase("weight_sync")
         rollout_w = factors.sync_weights({n: t.detach() for n, t in train_w.items()})
         if drill and drill.kind == "corrupt_weight":
             w = rollout_w["model.layers.0.mlp.down_proj.weight"]
             w.view(-1)[0] = w.view(-1)[0] * 1.5 + 0.01
         kernels["rollout"].clear_cache()
+        # the rollout engine loads the synced weights: part of the weight sync
+        rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
+                              max_seq)
         sync(device)
         t_sync = time.perf_counter() - t0
+        # Debug work a real RL step would not do, off the step clock (perf/rlk_debug_time;
+        # the manifest's "timing" says so): the per-version weight-audit hashing
+        t_debug = time.perf_counter()
+        profile.phase("debug")
         if version != audited and lead:  # training rank 0: one audit per exported version
             write_weight_audits(env.weight_audit_dir, str(version), train_w, rollout_w)
         audited = version
-        rollout_model = Qwen3(cfg, shard_weights(cfg, rollout_w, grid.tp, grid.tp_rank),
-                              max_seq)
+        t_debug = time.perf_counter() - t_debug
         samp_gen = torch.Generator(device=device).manual_seed(
             rl.sampling_seed(args.seed, step, drill, nonce))
+        profile.phase("rollout")
         t1 = time.perf_counter()
         with torch.inference_mode():
             ro = factors.rollout(run_rollout, rollout_model, kernels["rollout"], prompts,
@@ -568,6 +583,7 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                                             if ro.fallback_reason else ""))
         sync(device)
         t_roll = time.perf_counter() - t1
+        profile.phase("training")
         t2 = time.perf_counter()
         resp = [x.numel() for x in ro.logprobs]
         active = sum(resp)
@@ -585,13 +601,15 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
         kernels["training"].clear_cache()
         sync(device)
         t_train = time.perf_counter() - t2
-        t_step = time.perf_counter() - t0
+        t_step = time.perf_counter() - t0 - t_debug
+        profile.phase(None)
+        profile.counted()
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
         else:
             peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
         emit_step(env, step, ro, train_lp, grid, max_new, t_roll=t_roll, t_train=t_train,
-                  t_step=t_step, t_sync=t_sync, peak=peak, world=grid.world,
+                  t_step=t_step, t_sync=t_sync, peak=peak, world=grid.world, t_debug=t_debug,
                   rollout_extra={"rollout/raw_reward": sum(rew) / len(rew)},
                   step_extra={"train/pg_loss": learn.loss} if learn else None)
         if step == 0 and probe.enabled:
@@ -601,6 +619,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     if gc_auto:
         gc.enable()
     manifest["gc"] = "manual: one collection between steps, none inside them"
+    profile.finish(grid.rank)
+    manifest["profile"] = profile.manifest()
     write_readbacks(env, routes, kernels, platform, modes, grid)
     manifest["wall_time_s"] = round(time.perf_counter() - t_start, 3)
     manifest["rollout_p_decode"] = native.decode_mode()  # native.py: compiled or eager, why

@@ -218,8 +218,13 @@ def step_lines(step: int, total_lengths: Sequence[int], train_lp: Sequence[Tenso
                rollout_lp: Sequence[Tensor], max_new: Sequence[int], *, t_roll: float,
                t_train: float, t_step: float, t_sync: float, peak: int, world: int = 1,
                rollout_extra: Mapping[str, float] | None = None,
-               step_extra: Mapping[str, float] | None = None) -> list[str]:
-    """One step's vime lines: `rollout N`, `step N` (per-sample means) and the two `perf N`."""
+               step_extra: Mapping[str, float] | None = None,
+               t_debug: float | None = None) -> list[str]:
+    """One step's vime lines: `rollout N`, `step N` (per-sample means) and the two `perf N`.
+
+    ``t_debug``: the job's own debug work of the step (weight-audit hashing), kept out of
+    `perf/step_time` and reported as `perf/rlk_debug_time` (our key; upstream's readers ignore
+    keys they do not know)."""
     resp = [int(x.numel()) for x in rollout_lp]
     active = sum(resp)
     truncated = sum(int(n == cap) for n, cap in zip(resp, max_new, strict=True))
@@ -228,6 +233,8 @@ def step_lines(step: int, total_lengths: Sequence[int], train_lp: Sequence[Tenso
         "perf/actor_train_time": round(t_train, 6), "perf/update_weights_time": round(t_sync, 6),
         "perf/actor_train_tok_per_s": round(active / t_train, 3),
         "perf/tokens_per_sec": round(active / t_step, 3), "perf/peak_memory_bytes": peak}
+    if t_debug is not None:
+        perf_train["perf/rlk_debug_time"] = round(t_debug, 6)
     return [
         f"rollout {step}: " + repr({**rollout_record(total_lengths, resp, truncated),
                                     **(rollout_extra or {})}),
