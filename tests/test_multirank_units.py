@@ -97,14 +97,14 @@ def test_gpus_per_cell_below_world_size_is_an_error(tmp_path: Path) -> None:
 
 
 def test_topology_needing_more_gpus_than_seen_is_a_usage_error(tmp_path: Path) -> None:
-    from pytest_rlkernel_matrix.plugin import _check_topology
+    from pytest_rlkernel_matrix.hardware import check_topology
 
     m = _load(tmp_path, RUNNER + '[hardware.h]\nbackend = "cuda"\ntopology = { tp = 2 }\n'
               '[hardware.cpu]\nbackend = "cpu"\ntopology = { tp = 2 }\n')
     with pytest.raises(pytest.UsageError, match=r"2 GPU.*sees 1"):
-        _check_topology(tmp_path / "m.toml", m, ["h"], {"gpu": {"count": 1}})
-    _check_topology(tmp_path / "m.toml", m, ["h"], {"gpu": {"count": 2}})
-    _check_topology(tmp_path / "m.toml", m, ["cpu"], {"gpu": {"count": 0}})  # CPU ranks
+        check_topology(tmp_path / "m.toml", m, ["h"], {"gpu": {"count": 1}})
+    check_topology(tmp_path / "m.toml", m, ["h"], {"gpu": {"count": 2}})
+    check_topology(tmp_path / "m.toml", m, ["cpu"], {"gpu": {"count": 0}})  # CPU ranks
 
 
 def test_missing_collective_backend_blocks_a_multi_rank_cell(tmp_path: Path) -> None:
