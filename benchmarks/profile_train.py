@@ -13,14 +13,15 @@ for training, as the learning step runs them, under ``rl.deterministic``), P and
 
 ::
 
-    python benchmarks/profile_train.py                        # R (RLK_REF_R_BACKWARD's) vs P
-    RLK_REF_R_BACKWARD=recompute python benchmarks/profile_train.py --json /tmp/p.json
+    python benchmarks/profile_train.py                        # R (the default backward) vs P
+    python benchmarks/profile_train.py --impls production,rl_kernel,rl_kernel:recompute
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from pytest_rlkernel_matrix.workload import rl
-from pytest_rlkernel_matrix.workload.env import backward_mode
+from pytest_rlkernel_matrix.workload.env import BACKWARD_ENV, backward_mode
 from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 from pytest_rlkernel_matrix.workload.weights import AttnInputs
@@ -87,7 +88,8 @@ def main() -> int:
     ap.add_argument("--micro-batches", type=int, default=14, help="per step (448 / 32)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--top", type=int, default=7)
-    ap.add_argument("--impls", default="production,rl_kernel")
+    ap.add_argument("--impls", default="production,rl_kernel",
+                    help="production, rl_kernel, rl_kernel:<RLK_REF_R_BACKWARD mode>")
     ap.add_argument("--json", default="")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny preset)")
     args = ap.parse_args()
@@ -108,11 +110,16 @@ def main() -> int:
     pos = torch.arange(t, device=dev)[None].expand(b, t)
     inp = AttnInputs(pos, model.rope_cos[pos], model.rope_sin[pos], None, 0, None)
     print(f"{args.preset}: micro-batch {b} x {t} = {b * t} rows, bf16, "
-          f"R backward {backward_mode()!r}, r_backend {r_backend(dev)}; "
+          f"R backward (default) {backward_mode()!r}, r_backend {r_backend(dev)}; "
           f"{torch.cuda.get_device_name(0) if dev.type == 'cuda' else 'cpu'}, "
           f"torch {torch.__version__}")
     results: dict[str, dict] = {}
-    for impl in [s.strip() for s in args.impls.split(",") if s.strip()]:
+    for name in [s.strip() for s in args.impls.split(",") if s.strip()]:
+        impl, _, mode = name.partition(":")  # rl_kernel:recompute: that R backward
+        if mode:
+            os.environ[BACKWARD_ENV] = mode
+        else:
+            os.environ.pop(BACKWARD_ENV, None)
         ks = SideKernels.build("training", dict.fromkeys(("attention", "ffn", "logp"), impl), dt,
                                Tiling.for_device(dev, t), cfg.rms_norm_eps, r_backend(dev))
         cases: dict[str, Callable[[], Tensor]] = {
@@ -152,9 +159,9 @@ def main() -> int:
                 kb = _kernels(bwd, args.top)
                 for p in [*w.values(), x]:
                     p.grad = None
-            results.setdefault(mod, {})[impl] = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
+            results.setdefault(mod, {})[name] = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
                                                   "fwd_kernels": kf, "bwd_kernels": kb}
-            print(f"{impl:11s} {mod:9s} fwd {fwd_ms:8.3f} ms  bwd {bwd_ms:8.3f} ms", flush=True)
+            print(f"{name:11s} {mod:9s} fwd {fwd_ms:8.3f} ms  bwd {bwd_ms:8.3f} ms", flush=True)
     _report(results, cfg.num_hidden_layers, args.micro_batches)
     if args.json:
         with open(args.json, "w") as f:
