@@ -12,7 +12,7 @@ STAGES=${1:-tests,profile,compare}
     triton.__version__, torch.cuda.get_device_name(0))'
 } 2>&1 | tee "$OUT/env.log"
 if [[ $STAGES == *tests* ]]; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:rlkernel_matrix -m gpu -rs \
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:rlkernel_matrix -m gpu -rs ${TESTS_K:+-k "$TESTS_K"} \
     --durations=6 tests/workload/test_triton_backward.py tests/workload/test_autograd.py \
     tests/workload/test_triton_kernels.py > "$OUT/tests.log" 2>&1; tail -12 "$OUT/tests.log"
 fi

@@ -326,10 +326,15 @@ def _colsum(partials: Tensor, dtype: torch.dtype) -> Tensor:
 def matmul_bwd(g: Tensor, a: Tensor, w: Tensor, need_a: bool = True,
                need_w: bool = True) -> tuple[Tensor | None, Tensor | None]:
     """The backward of ``triton_kernels.matmul(a, w)``: ``dA = g W`` and ``dW = g^T A`` in the
-    operands' dtype, each one persistent no-split-K matmul (``dA``: batch-invariant rows)."""
+    operands' dtype, each one persistent no-split-K matmul (``dA``: batch-invariant rows).
+
+    The operands go in as contiguous copies with the reduction axis last (``W^T``, ``g^T``,
+    ``A^T``), the layout of the forward: read in place through transposed strides (contiguous
+    along the tile's row axis, which the kernel's edge-row clamp likely hides from the compiler)
+    the same kernel ran about 17 times slower per product on an H200 (docs/benchmarks.md)."""
     g = g.to(a.dtype)
-    da = fwd.matmul(g, w.t(), a.dtype) if need_a else None
-    dw = fwd.matmul(g.t(), a.t(), w.dtype) if need_w else None
+    da = fwd.matmul(g, w.t().contiguous(), a.dtype) if need_a else None
+    dw = fwd.matmul(g.t().contiguous(), a.t().contiguous(), w.dtype) if need_w else None
     return da, dw
 
 
