@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -307,12 +308,12 @@ class Ops:
 
 
 def triton_ops(mode: str | None = None) -> Ops:
-    """The Triton R kernels with the backward of ``mode`` (default: ``RLK_REF_R_BACKWARD``'s;
-    ``tiled`` runs its loss elsewhere, its Triton ops only without autograd). Imports Triton on
-    first use."""
-    from .env import backward_mode
-
-    mode = mode or backward_mode()
+    """The Triton R kernels with the backward of ``mode`` (default: ``RLK_REF_R_BACKWARD``'s,
+    which ``env.backward_mode`` checks for the user first; ``tiled`` runs its loss elsewhere,
+    its Triton ops only without autograd). Imports Triton on first use."""
+    mode = mode or os.environ.get("RLK_REF_R_BACKWARD", "").strip() or "triton"
+    if mode not in BACKWARD_METHODS:
+        raise ValueError(f"RLK_REF_R_BACKWARD={mode!r}: expected one of {sorted(BACKWARD_METHODS)}")
     return _ops("triton" if mode == "triton" else "recompute")
 
 

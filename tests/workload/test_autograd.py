@@ -191,6 +191,10 @@ def test_backward_mode_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(wenv.BACKWARD_ENV, "atomics")
     with pytest.raises(wenv.UsageError, match="RLK_REF_R_BACKWARD='atomics'"):
         wenv.backward_mode()
+    with pytest.raises(ValueError, match="RLK_REF_R_BACKWARD='atomics'"):
+        ag.triton_ops()  # the kernel set reads the same variable
+    assert ag.triton_ops("triton").mode == "triton"
+    assert ag.triton_ops("tiled").mode == ag.triton_ops("recompute").mode == "recompute"
 
 
 @pytest.mark.parametrize("mode", ["", "tiled"], ids=["default", "tiled"])
