@@ -1,8 +1,9 @@
 """All-R vs all-P RL step, side by side in one command (the issue-14 table).
 
 Runs the reference workload once per configuration (a subprocess each, same machine, same
-settings), excludes the first step, and prints per configuration the median step, rollout and
-training-forward times over the remaining steps, rollout tokens/s, the step-0 train/rollout
+settings), excludes the first step, and prints per configuration the median step, rollout,
+training (forward, backward, AdamW) and rollout + training times over the remaining steps,
+rollout tokens/s, the step-0 train/rollout
 mismatch count over the active tokens, and the rollout's readback ``execution_mode``::
 
     python benchmarks/step_compare.py --out /tmp/cmp                 # qwen3-0.6b, 448 x 160
