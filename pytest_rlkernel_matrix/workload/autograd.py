@@ -1,27 +1,38 @@
-"""Backward for the Triton R forward: fast forward, native torch recompute backward.
+"""Backward for the Triton R forward: fast forward, deterministic Triton backward kernels.
 
-The Triton R kernels (``triton_kernels.py``) have no backward. Each one is wrapped here in one
-generic ``torch.autograd.Function`` (``Op``): the forward runs the fast kernel and returns its
-output unchanged (so the training forward that feeds the loss gives the very bits of the no-grad
-Triton forward, and no second forward is needed); the backward recomputes that one op as a
-native torch expression (its *reference*, below) under autograd and hands back
-``torch.autograd.grad`` of it. Only the op's inputs are saved, not its intermediates.
+The Triton R kernels (``triton_kernels.py``) are wrapped here in one generic
+``torch.autograd.Function`` (``Op``): the forward runs the fast kernel and returns its output
+unchanged (so the training forward that feeds the loss gives the very bits of the no-grad
+Triton forward, and no second forward is needed). The backward is chosen by
+``RLK_REF_R_BACKWARD`` (``env.backward_mode``):
 
-The matmul needs no recompute: its backward is the two products ``grad @ W`` and
-``grad^T @ x`` in the operands' dtype (what autograd of ``F.linear`` does). Attention is
-recomputed as the plain fp32 math expression (``q k^T``, causal mask from the positions,
-softmax, ``@ v``: the math SDPA backend's composition), never a fused SDPA backend: torch's
-``scaled_dot_product_attention`` note says cuDNN's may pick a nondeterministic algorithm, and
-FlashAttention-2-style backwards add up dQ over key blocks with atomics; what torch 2.x does
+- ``triton`` (the default): each op's vector-Jacobian product is a deterministic Triton kernel
+  (``triton_backward.py``: fixed reduction order, no atomics, per-row gradients batch-invariant
+  as the forward is; the matmul's backward is the forward's persistent matmul), from the op's
+  saved inputs (attention: and its output). The probe switches of ``qk_norm_rope``
+  (``store_norm``, a drill's ``scale``) fall back to the recompute below.
+- ``recompute`` (the method before): the backward recomputes that one op as a native torch
+  expression (its *reference*, below) under autograd and hands back ``torch.autograd.grad`` of it.
+- ``tiled``: see the end of this docstring.
+
+Only the op's inputs (attention: and its output) are saved, not its intermediates.
+
+In ``recompute`` mode the matmul needs no recompute: its backward is the two products
+``grad @ W`` and ``grad^T @ x`` in the operands' dtype (cuBLAS, as autograd of ``F.linear``).
+Attention is recomputed as the plain fp32 math expression (``q k^T``, causal mask from the
+positions, softmax, ``@ v``: the math SDPA backend's composition), never a fused SDPA backend:
+torch's ``scaled_dot_product_attention`` note says cuDNN's may pick a nondeterministic
+algorithm, and FlashAttention-2's backward adds up dQ over key blocks with atomics (the Triton
+backward here does not: one program per query block owns its dQ); what torch 2.x does
 about that per backend under deterministic mode is not something this module relies on.
 GQA's key/value sharing is a broadcast, whose gradient is a plain sum (no ``repeat_interleave``,
 whose CUDA backward is an index-add).
 
-Every op of the backward is then an ordinary torch kernel with a fixed reduction order, run by
+Every op of that backward is then an ordinary torch kernel with a fixed reduction order, run by
 the autograd engine in its fixed order, under ``torch.use_deterministic_algorithms``
-(``rl.deterministic``): the gradients are the same bits run to run. They are not the bits of
-any other path (the forward is Triton's, the backward torch's): close to P's, as any two
-correct backwards are.
+(``rl.deterministic``): the gradients are the same bits run to run. Either way they are not the
+bits of any other path: close to P's and to torch autograd of the reference expressions, as any
+two correct backwards are (``tests/workload/test_triton_backward.py`` states the tolerances).
 
 ``RLK_REF_R_BACKWARD=tiled`` keeps the earlier method (the loss forward and backward on the
 tiled torch R path, the reported logprobs from a separate no-grad Triton forward), for
@@ -32,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -44,6 +56,8 @@ from torch import Tensor
 from .native import rotate_half as _rotate_half
 
 BACKWARD_METHODS = {  # the manifest's learning.backward_kernels, per env.backward_mode()
+    "triton": "Triton forward; deterministic Triton backward kernels (workload/triton_backward.py: "
+              "fixed reduction order, no atomics)",
     "recompute": "Triton forward; per-op native torch recompute backward (workload/autograd.py)",
     "tiled": "torch R path (tiled fp32 forward and its autograd backward; the reported logprobs "
              "from a separate no-grad Triton forward)",
@@ -58,7 +72,9 @@ BACKWARD_METHODS = {  # the manifest's learning.backward_kernels, per env.backwa
 class Op:
     """One op: ``fast`` (any implementation, run without autograd) and ``ref`` (the same math
     as differentiable torch ops), or ``vjp`` (an explicit backward: ``vjp(grads, *args)`` ->
-    one gradient or None per argument) where recomputing the forward is not needed.
+    one gradient or None per argument, or None as a whole: recompute ``ref`` instead) where
+    recomputing the forward is not needed. ``with_out``: ``vjp(grads, outs, *args)``, the
+    forward's outputs saved too.
 
     Called with no tensor argument requiring grad (or under no_grad / inference_mode), it is
     just ``fast``."""
@@ -66,7 +82,8 @@ class Op:
     name: str
     fast: Callable[..., Any]
     ref: Callable[..., Any] | None = None
-    vjp: Callable[..., tuple[Tensor | None, ...]] | None = None
+    vjp: Callable[..., tuple[Tensor | None, ...] | None] | None = None
+    with_out: bool = False
 
     def __call__(self, *args: Any, **kw: Any) -> Any:
         if not torch.is_grad_enabled() or not any(
@@ -85,12 +102,21 @@ class _Recompute(torch.autograd.Function):
         ctx.op, ctx.kw = op, kw
         ctx.is_tensor = [isinstance(a, Tensor) for a in args]
         ctx.others = [None if t else a for t, a in zip(ctx.is_tensor, args, strict=True)]
-        ctx.save_for_backward(*[a for a in args if isinstance(a, Tensor)])
-        return op.fast(*[a.detach() if isinstance(a, Tensor) else a for a in args], **kw)
+        out = op.fast(*[a.detach() if isinstance(a, Tensor) else a for a in args], **kw)
+        saved = [a for a in args if isinstance(a, Tensor)]
+        ctx.n_out = 0
+        if op.with_out:
+            outs = out if isinstance(out, tuple) else (out,)
+            ctx.n_out = len(outs)
+            saved += list(outs)
+        ctx.save_for_backward(*saved)
+        return out
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
-        saved = iter(ctx.saved_tensors)
+        tensors = ctx.saved_tensors
+        outs = tensors[len(tensors) - ctx.n_out:]
+        saved = iter(tensors[:len(tensors) - ctx.n_out])
         args = [next(saved) if t else o for t, o in zip(ctx.is_tensor, ctx.others, strict=True)]
         need = [i for i, t in enumerate(ctx.is_tensor) if t and ctx.needs_input_grad[i + 2]]
         out: list[Tensor | None] = [None] * len(args)
@@ -98,10 +124,12 @@ class _Recompute(torch.autograd.Function):
             return (None, None, *out)
         op: Op = ctx.op
         if op.vjp is not None:
-            got = op.vjp(grads, *args, **ctx.kw)
-            for i in need:
-                out[i] = got[i]
-            return (None, None, *out)
+            got = (op.vjp(grads, outs, *args, **ctx.kw) if op.with_out else
+                   op.vjp(grads, *args, **ctx.kw))
+            if got is not None and all(got[i] is not None for i in need):
+                for i in need:
+                    out[i] = got[i]
+                return (None, None, *out)
         assert op.ref is not None, f"{op.name}: no reference expression and no vjp"
         with torch.enable_grad():
             inputs = [a.detach().requires_grad_(i in need) if ctx.is_tensor[i] else a
@@ -188,18 +216,89 @@ def ref_logsumexp(z: Tensor) -> Tensor:
 # The wrapped kernel set.
 
 
-class Ops:
-    """``triton_kernels``' functions with a backward: same names and signatures."""
+def ref_selected_logp(z: Tensor, targets: Tensor) -> Tensor:
+    return z.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(z, dim=-1)
 
-    def __init__(self, fast: ModuleType) -> None:
-        self.fast = fast
+
+# ---------------------------------------------------------------------------------------------
+# The Triton backward kernels as vector-Jacobian products (``triton_backward.py``).
+
+
+def _tb() -> ModuleType:
+    from . import triton_backward
+
+    return triton_backward
+
+
+def tvjp_matmul(grads: tuple[Tensor | None, ...], a: Tensor, w: Tensor,
+                out_dtype: torch.dtype) -> tuple[Tensor | None, ...]:
+    assert grads[0] is not None
+    return (*_tb().matmul_bwd(grads[0], a, w, a.requires_grad, w.requires_grad), None)
+
+
+def tvjp_rmsnorm(grads: tuple[Tensor | None, ...], x: Tensor, w: Tensor, eps: float,
+                 out_dtype: torch.dtype) -> tuple[Tensor | None, ...]:
+    assert grads[0] is not None
+    return (*_tb().rmsnorm_bwd(grads[0], x, w, eps), None, None)
+
+
+def tvjp_qk_norm_rope(grads: tuple[Tensor | None, ...], qkv: Tensor, cos: Tensor, sin: Tensor,
+                      q_norm: Tensor, k_norm: Tensor, hq: int, hkv: int, eps: float,
+                      out_dtype: torch.dtype, *, store_norm: bool = False,
+                      scale: tuple[float, float] = (1.0, 1.0)) -> tuple[Tensor | None, ...] | None:
+    if store_norm or tuple(scale) != (1.0, 1.0):
+        return None  # the probe's switches: the reference recompute
+    dqkv, dqn, dkn = _tb().qk_norm_rope_bwd(grads[0], grads[1], grads[2], qkv, cos, sin, q_norm,
+                                            k_norm, hq, hkv, eps)
+    return dqkv, None, None, dqn, dkn, None, None, None, None
+
+
+def tvjp_swiglu(grads: tuple[Tensor | None, ...], gu: Tensor,
+                out_dtype: torch.dtype) -> tuple[Tensor | None, ...]:
+    assert grads[0] is not None
+    return _tb().swiglu_bwd(grads[0], gu), None
+
+
+def tvjp_attention(grads: tuple[Tensor | None, ...], outs: tuple[Tensor, ...], q: Tensor,
+                   k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor | None, ...]:
+    assert grads[0] is not None
+    return (*_tb().attention_bwd(grads[0], q, k, v, outs[0], positions), None)
+
+
+def tvjp_logsumexp(grads: tuple[Tensor | None, ...], z: Tensor) -> tuple[Tensor | None, ...]:
+    assert grads[0] is not None
+    return (_tb().logsumexp_bwd(grads[0], z),)
+
+
+def tvjp_selected_logp(grads: tuple[Tensor | None, ...], z: Tensor,
+                       targets: Tensor) -> tuple[Tensor | None, ...]:
+    assert grads[0] is not None
+    return _tb().logsumexp_bwd(grads[0], z, targets), None
+
+
+# ---------------------------------------------------------------------------------------------
+# The wrapped kernel set.
+
+
+class Ops:
+    """``triton_kernels``' functions with a backward: same names and signatures. ``mode``:
+    ``triton`` (the Triton backward kernels) or ``recompute`` (the native recompute)."""
+
+    def __init__(self, fast: ModuleType, mode: str = "triton") -> None:
+        self.fast, self.mode = fast, mode
         self.available = fast.available
-        self.rmsnorm = Op("rmsnorm", fast.rmsnorm, ref_rmsnorm)
-        self.matmul = Op("matmul", fast.matmul, vjp=vjp_matmul)
-        self.qk_norm_rope = Op("qk_norm_rope", fast.qk_norm_rope, ref_qk_norm_rope)
-        self.swiglu = Op("swiglu", fast.swiglu, ref_swiglu)
-        self.attention = Op("attention", fast.attention, ref_attention)
-        self.logsumexp = Op("logsumexp", fast.logsumexp, ref_logsumexp)
+        t = mode == "triton"
+        self.rmsnorm = Op("rmsnorm", fast.rmsnorm, ref_rmsnorm, tvjp_rmsnorm if t else None)
+        self.matmul = Op("matmul", fast.matmul, vjp=tvjp_matmul if t else vjp_matmul)
+        self.qk_norm_rope = Op("qk_norm_rope", fast.qk_norm_rope, ref_qk_norm_rope,
+                               tvjp_qk_norm_rope if t else None)
+        self.swiglu = Op("swiglu", fast.swiglu, ref_swiglu, tvjp_swiglu if t else None)
+        self.attention = Op("attention", fast.attention, ref_attention,
+                            tvjp_attention if t else None, with_out=t)
+        self.logsumexp = Op("logsumexp", fast.logsumexp, ref_logsumexp,
+                            tvjp_logsumexp if t else None)
+        self.selected_logp = Op("selected_logp", fast.selected_logp, ref_selected_logp,
+                                tvjp_selected_logp if t else None)
 
     def logits_chunks(self, hn: Tensor, lm_head: Tensor, temperature: float,
                       tap: Callable[[int, Tensor], Tensor] | None = None,
@@ -208,9 +307,18 @@ class Ops:
         return self.fast.logits_chunks(hn, lm_head, temperature, tap, mm=self.matmul)  # type: ignore[no-any-return]
 
 
+def triton_ops(mode: str | None = None) -> Ops:
+    """The Triton R kernels with the backward of ``mode`` (default: ``RLK_REF_R_BACKWARD``'s,
+    which ``env.backward_mode`` checks for the user first; ``tiled`` runs its loss elsewhere,
+    its Triton ops only without autograd). Imports Triton on first use."""
+    mode = mode or os.environ.get("RLK_REF_R_BACKWARD", "").strip() or "triton"
+    if mode not in BACKWARD_METHODS:
+        raise ValueError(f"RLK_REF_R_BACKWARD={mode!r}: expected one of {sorted(BACKWARD_METHODS)}")
+    return _ops("triton" if mode == "triton" else "recompute")
+
+
 @functools.cache
-def triton_ops() -> Ops:
-    """The Triton R kernels with the recompute backward (imports Triton on first use)."""
+def _ops(mode: str) -> Ops:
     from . import triton_kernels
 
-    return Ops(triton_kernels)
+    return Ops(triton_kernels, mode)

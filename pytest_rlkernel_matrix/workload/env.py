@@ -54,14 +54,16 @@ class UsageError(Exception):
 
 
 BACKWARD_ENV = "RLK_REF_R_BACKWARD"
-R_BACKWARDS = ("recompute", "tiled")  # described in autograd.BACKWARD_METHODS
+R_BACKWARDS = ("triton", "recompute", "tiled")  # described in autograd.BACKWARD_METHODS
 
 
 def backward_mode() -> str:
     """``RLK_REF_R_BACKWARD``: how the learning step's backward runs where the training forward
-    runs Triton: ``recompute`` (default: the loss on the Triton forward, ``autograd.py``'s per-op
-    recompute backward) or ``tiled`` (the loss forward and backward on the torch R path)."""
-    raw = os.environ.get(BACKWARD_ENV, "").strip() or "recompute"
+    runs Triton: ``triton`` (default: the loss on the Triton forward, the deterministic Triton
+    backward kernels of ``triton_backward.py``), ``recompute`` (the loss on the Triton forward,
+    ``autograd.py``'s per-op native recompute backward) or ``tiled`` (the loss forward and
+    backward on the torch R path)."""
+    raw = os.environ.get(BACKWARD_ENV, "").strip() or "triton"
     if raw not in R_BACKWARDS:
         raise UsageError(f"{BACKWARD_ENV}={raw!r}: expected one of {list(R_BACKWARDS)}")
     return raw

@@ -496,14 +496,13 @@ class LogpKernel(ModuleKernel):
         tap = None if self.tap is None else lambda s, z: o_("lm_head", z, at=s)
         outs = []
         for s, z in tk.logits_chunks(hn, lm_head, temperature, tap):
-            lse = tk.logsumexp(z)
-            if targets is None:
-                outs.append(o_("log_softmax", z.sub_(lse[:, None]), at=s))
-            elif tap is not None:  # probed: the full row (the same z - lse bits), then gathered
-                lp = o_("log_softmax", z - lse[:, None], at=s)
+            if targets is not None and tap is None:  # gather(z) - lse, one fused backward
+                outs.append(tk.selected_logp(z, targets[s:s + z.shape[0]]))
+            elif targets is None:
+                outs.append(o_("log_softmax", z.sub_(tk.logsumexp(z)[:, None]), at=s))
+            else:  # probed: the full row (the same z - lse bits), then gathered
+                lp = o_("log_softmax", z - tk.logsumexp(z)[:, None], at=s)
                 outs.append(lp.gather(-1, targets[s:s + z.shape[0], None])[:, 0])
-            else:
-                outs.append(z.gather(-1, targets[s:s + z.shape[0], None])[:, 0] - lse)
         if len(outs) == 1:
             return outs[0]
         return torch.cat(outs) if outs else h.new_empty((0,), dtype=torch.float32)

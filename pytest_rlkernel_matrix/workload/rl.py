@@ -12,10 +12,11 @@ Backward: torch autograd through the training side's own forward. On the CPU R p
 has a fixed shape (fixed row tiles, fixed attention chunks, fp32), the CPU autograd engine runs
 the graph on one thread in a fixed order, so every gradient (including a weight's sum over row
 tiles and micro-batches) is reduced in the same order on every run: the backward is
-deterministic. The Triton R kernels have no backward of their own: the loss runs on the Triton
-forward itself and each kernel's backward recomputes that op with native torch ops
-(``autograd.py``); ``RLK_REF_R_BACKWARD=tiled`` runs the loss forward and backward on the torch
-R path instead (the manifest's ``learning.backward_method`` / ``backward_kernels`` say which).
+deterministic. Where the forward runs the Triton R kernels, the loss runs on that Triton forward
+itself and each kernel's backward is a deterministic Triton kernel (``triton_backward.py``, wired
+in ``autograd.py``); ``RLK_REF_R_BACKWARD=recompute`` recomputes each op with native torch ops
+instead, ``RLK_REF_R_BACKWARD=tiled`` runs the loss forward and backward on the torch R path
+(the manifest's ``learning.backward_method`` / ``backward_kernels`` say which).
 On CUDA the backward and the optimizer step run under ``torch.use_deterministic_algorithms`` (with
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8``): without it one H200 run of 20 steps kept train/rollout
 and weights bitwise within the run but two runs differed from step 1 on (docs/examples).

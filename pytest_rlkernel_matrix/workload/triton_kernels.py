@@ -54,6 +54,7 @@ __all__ = [
     "matmul_config",
     "qk_norm_rope",
     "rmsnorm",
+    "selected_logp",
     "swiglu",
 ]
 
@@ -422,6 +423,13 @@ def logsumexp(z: Tensor) -> Tensor:
     if m:
         _lse_kernel[(m,)](z, out, m, v, z.stride(0), BLOCK=_LSE_BLOCK, num_warps=8)
     return out
+
+
+def selected_logp(z: Tensor, targets: Tensor) -> Tensor:
+    """``z[row, targets[row]] - logsumexp(z[row])`` per row: the selected log-probability of
+    fp32 logits ``z [M, V]`` (one gather, one IEEE subtraction: the bits of ``(z - lse)`` at
+    the target, as the full log-probabilities give them)."""
+    return z.gather(-1, targets[:, None])[:, 0] - logsumexp(z)
 
 
 def logits_chunks(hn: Tensor, lm_head: Tensor, temperature: float,

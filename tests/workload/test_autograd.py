@@ -1,4 +1,5 @@
-"""The Triton R forward's backward (``workload/autograd.py``): fast forward, native recompute.
+"""The Triton R forward's backward (``workload/autograd.py``): fast forward, then the Triton
+backward kernels (the default) or the native recompute.
 
 CPU (always): the generic ``Op`` over the torch R path's own primitives as the fast functions:
 the forward is the fast function's bits, the gradients are the native autograd gradients of the
@@ -182,13 +183,18 @@ def test_op_is_the_fast_function_without_autograd() -> None:
 
 def test_backward_mode_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(wenv.BACKWARD_ENV, raising=False)
-    assert wenv.backward_mode() == "recompute"
-    monkeypatch.setenv(wenv.BACKWARD_ENV, "tiled")
-    assert wenv.backward_mode() == "tiled"
+    assert wenv.backward_mode() == "triton"
+    for mode in ("recompute", "tiled"):
+        monkeypatch.setenv(wenv.BACKWARD_ENV, mode)
+        assert wenv.backward_mode() == mode
     assert sorted(ag.BACKWARD_METHODS) == sorted(wenv.R_BACKWARDS)
     monkeypatch.setenv(wenv.BACKWARD_ENV, "atomics")
     with pytest.raises(wenv.UsageError, match="RLK_REF_R_BACKWARD='atomics'"):
         wenv.backward_mode()
+    with pytest.raises(ValueError, match="RLK_REF_R_BACKWARD='atomics'"):
+        ag.triton_ops()  # the kernel set reads the same variable
+    assert ag.triton_ops("triton").mode == "triton"
+    assert ag.triton_ops("tiled").mode == ag.triton_ops("recompute").mode == "recompute"
 
 
 @pytest.mark.parametrize("mode", ["", "tiled"], ids=["default", "tiled"])
@@ -201,7 +207,7 @@ def test_job_records_the_backward_method(tmp_path: Path, mode: str) -> None:
                        extra_env={wenv.BACKWARD_ENV: mode} if mode else None)
     assert proc.returncode == 0, proc.stderr[-2000:]
     learning = json.loads((d / "manifest.json").read_text())["learning"]
-    expected = (mode or "recompute") if CUDA and HAS_TRITON else "own"
+    expected = (mode or "triton") if CUDA and HAS_TRITON else "own"
     assert learning["backward_method"] == expected
     assert learning["backward_kernels"] == ag.BACKWARD_METHODS.get(expected,
                                                                    "training side's own")
