@@ -345,3 +345,30 @@ def test_a_framework_jobs_own_traces_are_read(pytester: pytest.Pytester, make_ma
             in out)
     assert "attention, rollout side: R +0.50 ms/step over P (1.50 vs 1.00 ms/step; " \
            "flash_fwd_kernel +0.50)" in out
+
+
+def test_profile_section_and_a_refused_profile_run(tmp_path: Path) -> None:
+    from conftest import matrix_toml
+    from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
+
+    good = tmp_path / "good.toml"
+    good.write_text(matrix_toml(extra='[profile]\nwhen = "always"\nsteps = 3\n'))
+    m = load_matrix(good)
+    assert (m.profile.when, m.profile.skip, m.profile.steps) == ("always", 1, 3)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(matrix_toml(extra='[profile]\nwhen = "drift"\n'))
+    with pytest.raises(MatrixFileError, match=r"(?s)bad\.toml.*profile\.when"):
+        load_matrix(bad)
+    # a cell whose run did not complete: no profile run, a note the record carries
+    run = tmp_path / "run"
+    run.mkdir()
+    assert pf.profile_plan({"exit_code": 3}) == "the cell's run exited 3"
+    assert pf.follow_profile(m, run, None, {"exit_code": 3, "verdict": "error"})
+    assert not list(run.glob("profile*/"))
+    record: dict = {}
+    pf.attach_profile(record, run)
+    assert record["profile"]["problems"] == ["no profile run: the cell's run exited 3"]
+    assert record["profile"]["profile_run"] is None
+    assert pf.terminal_lines([record]) == [
+        "profile: no profile run: the cell's run exited 3",
+        f"profile figures are {pf.PROFILE_NOTE}"]
