@@ -101,3 +101,21 @@ def test_shared_reasons_are_grouped_once() -> None:
     assert [h for _, h, _ in problem_groups(recs)] == [
         "cpu attention R/R: unsupported (recorded)",
         "cpu attention P/R, ffn R/R, ffn P/R, logp R/R, logp P/R: unsupported (FAILED)"]
+
+
+def test_a_runs_own_declared_r_backend_in_a_route_line_shows_as_r(tmp_path: Path) -> None:
+    """The reference workload's R is its own (`rlk-ref.*`, declared in each readback's
+    runtime_policy): its route lines `actual=rlk-ref....` are R in the route column, as the
+    verdict judges them, not "production (requested rl_kernel)"."""
+    policy = {"backend_prefix": "rlk-ref.", "platform": "cpu", "triton_allowed": True}
+    kit = CellKit(tmp_path, case="R/R", mode="audit").write()
+    for side in ("training", "rollout"):
+        kit.edit_readback(side, lambda d: [op.update(backend_id="rlk-ref." + m)
+                                           or d.update(runtime_policy=policy)
+                                           for m, op in d["operators"].items()])
+    kit.log("[RL-Kernel][route] framework=vllm target=rollout module=attention "
+            "requested=rl_kernel actual=rlk-ref.attention.deterministic.v1 fallback=false")
+    rec = kit.analyze()
+    assert rec["verdict"] == "valid", rec["reasons"]
+    assert rec["routes"]["attention"]["rollout"]["ran"] == "rl_kernel"
+    assert route_shown(rec, "rollout") == "rl_kernel" == route_shown(rec, "training")

@@ -64,10 +64,12 @@ def cell_to_dict(cell: Cell) -> dict[str, Any]:
 
 def _route_lines(ev: Evidence, module: str, side: str) -> tuple[list[str], list[str]]:
     """(implementations, `actual=` backends) the run.log route lines give for one side of one
-    module: `rl_kernel` for an RL-Kernel backend (or `implementation=rl_kernel`), else
-    `production`."""
+    module: `rl_kernel` for an RL-Kernel backend, one under the run's declared runtime policy (its
+    own R) or `implementation=rl_kernel`, else `production`."""
     from pytest_rlkernel_matrix.judge.upstream import is_rlkernel_backend, side_of
+    from pytest_rlkernel_matrix.judge.upstream_rules import declared_policy, own_backend
 
+    own, _ = declared_policy(ev.runtime_policies)  # a run's own R backends, as the verdict reads
     impls: list[str] = []
     actual: list[str] = []
     for line in ev.log.routes:
@@ -76,7 +78,9 @@ def _route_lines(ev: Evidence, module: str, side: str) -> tuple[list[str], list[
             continue
         if line.get("actual"):
             actual.append(str(line["actual"])[:120])
-            impls.append("rl_kernel" if is_rlkernel_backend(str(line["actual"])) else "production")
+            backend = str(line["actual"])
+            impls.append("rl_kernel" if is_rlkernel_backend(backend) or own_backend(backend, own)
+                         else "production")
         elif line.get("implementation"):
             impls.append("rl_kernel" if line["implementation"] == "rl_kernel" else "production")
     return list(dict.fromkeys(impls)), list(dict.fromkeys(actual))
