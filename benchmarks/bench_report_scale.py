@@ -1,6 +1,7 @@
 """`rlk-matrix report` at the scale of RL-Kernel's 200-step runs: cold, warm, one changed cell.
 
     python benchmarks/bench_report_scale.py [--scale 1.0] [--root DIR] [--keep] [--jobs N]
+    python benchmarks/bench_report_scale.py --vary --samples 16 --calls 100    # issue 35's root
     python benchmarks/bench_report_scale.py --root DIR --reuse --baseline OLD   # side by side
 
 Builds `<root>/cpu/<module>-<case>/` for 3 modules x 4 cases laid out as RL-Kernel writes a
@@ -21,6 +22,13 @@ cache), a warm re-report (nothing changed) and a re-report after one cell's side
 touched. Prints wall time, active tokens/s over the whole root, peak RSS and whether torch or
 numpy was imported for each; with `--baseline OLD`, the same four runs of another version's
 package first (`PYTHONPATH=OLD`), and the ratios of this checkout's walls to it.
+
+`--vary`: RL-Kernel's real shape instead, every sample of every call its own prompt and
+response length (500-2,500 response tokens), masked spans, run.log's steps and manifest.json's
+batch written to agree with the sidecars (`_cell`, `_steps`); the seeds are fixed. After the
+reports, every sidecar of the root is read in a fresh process by `torch.load(path,
+weights_only=True)` and by `judge.ptread` (twice each, alternating), and the ratio printed;
+`--profile` adds a sequential report under cProfile (where the time goes).
 """
 
 from __future__ import annotations

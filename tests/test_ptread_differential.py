@@ -247,6 +247,7 @@ def _cases() -> dict[str, bytes]:
         "data.pkl named in upper case": _with(pkl, name=entries[pkl]["name"].upper()),
         "a record torch does not write": _write([*entries, _entry("archive/constants.pkl", b"")]),
         "another archive folder": _with(d0, name=b"other/data/0"),
+        "a name holding a newline": _with(d0, name=entries[d0]["name"] + b"\ndata/9"),
         "no byteorder": _write([e for e in entries if not e["name"].endswith(b"byteorder")]),
         "no version": _write([e for e in entries if not e["name"].endswith(b"/version")]),
     }

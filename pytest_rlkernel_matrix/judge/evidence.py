@@ -2,8 +2,8 @@
 
 Readers are tolerant of version differences: unknown keys are ignored, missing or unreadable
 artifacts become `problems` (reasons), never exceptions. `.pt` files are read by
-`judge.ptread.read_pt_dict` (a restricted C-unpickler fast path inside what
-`torch.load(weights_only=True)` accepts, else `torch.load(weights_only=True)`) over the bytes
+`judge.ptread.read_pt_dict` (the one `.pt` reader, with `torch.load(weights_only=True)`'s
+semantics: torch's layout and values, else `torch.load(weights_only=True)`) over the bytes
 read through `store.safeio`
 (capped, regular files inside the run directory); torch is imported only when a `.pt` file
 exists. Within `pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step

@@ -23,7 +23,7 @@ import threading
 import time
 
 # No torch: the evidence reads sidecars as numpy arrays (`judge/ptread.load_arrays`) and imports
-# torch only for a file that fast path does not read, so preloading it would cost every session
+# torch only for a file that reader does not read, so preloading it would cost every session
 # seconds of CPU its analysis does not use.
 MODULES = (
     "numpy",

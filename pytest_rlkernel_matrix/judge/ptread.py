@@ -107,8 +107,9 @@ def _records(raw: bytes) -> dict[str, memoryview]:
     names = [info.orig_filename for info in infos]
     folder = names[0].partition("/")[0] if names else ""
     inners = [name[len(folder) + 1:] for name in names]
+    joined = "\n".join(inners) + "\n"
     if (not _FOLDER.match(folder) or not all(name.startswith(folder + "/") for name in names)
-            or not _INNERS.match("\n".join(inners) + "\n")):
+            or joined.count("\n") != len(inners) or not _INNERS.match(joined)):
         raise Unsupported("zip entries are not records torch writes, in one archive folder")
     if len({name.lower() for name in names}) != len(names):
         raise Unsupported("zip entry names twice (miniz ignores their case)")
