@@ -390,7 +390,10 @@ class Sampler:
         wall = sum(s["dt"] for s in self.samples)
         foreign = sum(s["foreign_cpu_s"] for s in self.samples)
         loads = [s["load1"] for s in self.samples]
-        shares = [s["foreign_cpu_s"] / (self.ncpu * s["dt"]) for s in self.samples if s["dt"] > 0]
+        # A share of the capacity is at most 1: jiffy counters and the monotonic clock are read
+        # at slightly different instants, so on a saturated box a sample can come out above it.
+        shares = [min(1.0, s["foreign_cpu_s"] / (self.ncpu * s["dt"])) for s in self.samples
+                  if s["dt"] > 0]
         return {
             "schema_version": SCHEMA,
             "run_id": self.run_id,
@@ -401,7 +404,8 @@ class Sampler:
             "devices": self.devices,
             "owned": self.owned,
             "foreign_cpu_s": round(foreign, 3),
-            "foreign_cpu_share": round(foreign / (self.ncpu * wall), 4) if wall > 0 else None,
+            "foreign_cpu_share": (round(min(1.0, foreign / (self.ncpu * wall)), 4) if wall > 0
+                                  else None),
             "foreign_cpu_share_max": round(max(shares), 4) if shares else None,
             "cell_cpu_s": round(sum(s["cell_cpu_s"] for s in self.samples), 3),
             "load1_mean": round(sum(loads) / len(loads), 3) if loads else None,
