@@ -34,6 +34,7 @@ from pytest_rlkernel_matrix.judge.stats import (
 )
 from pytest_rlkernel_matrix.report.attribution import (
     CELLS,
+    COMPARED_PHASES,
     MODULES,
     SIDES,
     comparisons,
@@ -43,7 +44,7 @@ from pytest_rlkernel_matrix.report.attribution import (
     timing_ratio,
 )
 
-PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time", "step_wall_time")
+PHASES = COMPARED_PHASES  # rollout, training, weight sync, step
 HOW = ("for an interval run several processes per cell: --rlk-processes=3 "
        "(or [performance] processes = 3 in matrix.toml)")
 
