@@ -374,9 +374,12 @@ def test_a_framework_jobs_own_traces_are_read(pytester: pytest.Pytester, make_ma
 
 
 def test_profile_section_and_a_refused_profile_run(tmp_path: Path) -> None:
-    from conftest import matrix_toml
     from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 
+    base = (REPO / "matrix.toml").read_text(encoding="utf-8")
+
+    def matrix_toml(extra: str) -> str:  # tests/conftest.py's name is ambiguous under xdist
+        return base + "\n" + extra
     good = tmp_path / "good.toml"
     good.write_text(matrix_toml(extra='[profile]\nwhen = "always"\nsteps = 3\n'))
     m = load_matrix(good)
