@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix.judge.ptread import read_pt_dict
+from pytest_rlkernel_matrix.store.atomic import new_dir
 from pytest_rlkernel_matrix.store.safeio import Refused, listing, read_bytes
 
 SIDES = ("training", "rollout")
@@ -510,15 +511,8 @@ def write_probe_note(run_dir: Path, why: str, write: Any = None) -> dict[str, An
 
 
 def new_probe_dir(run_dir: Path) -> Path:
-    """``<run dir>/probe``, else ``probe.2``, ``probe.3``, ...: never an existing one."""
-    n = 1
-    while True:
-        cand = run_dir / ("probe" if n == 1 else f"probe.{n}")
-        try:
-            cand.mkdir()
-            return cand
-        except FileExistsError:
-            n += 1
+    """``<run dir>/probe``, else ``probe.2``, ...: never an existing one."""
+    return new_dir(run_dir, "probe")
 
 
 def probe_cell(run_dir: Path, *, command: str | list[str], cwd: Path, env: dict[str, str],

@@ -39,6 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from pytest_rlkernel_matrix.store.atomic import new_dir
 from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
 
 PROFILE_SUMMARY = "profile.json"
@@ -324,14 +325,7 @@ def profile_plan(record: dict[str, Any], launcher: str = "local") -> str:
 
 def new_profile_dir(run_dir: Path) -> Path:
     """``<run dir>/profile``, else ``profile.2``, ...: never an existing one."""
-    n = 1
-    while True:
-        cand = run_dir / ("profile" if n == 1 else f"profile.{n}")
-        try:
-            cand.mkdir()
-            return cand
-        except FileExistsError:
-            n += 1
+    return new_dir(run_dir, "profile")
 
 
 def profile_cell(run_dir: Path, *, command: str | list[str], cwd: Path, env: dict[str, str],

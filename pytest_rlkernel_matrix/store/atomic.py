@@ -154,3 +154,16 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
     text = (json.dumps(safe, indent=None, sort_keys=False, allow_nan=False) if indent is None
             else dumps_indented(safe, indent))
     write_text_atomic(path, text + "\n")
+
+
+def new_dir(parent: Path, name: str) -> Path:
+    """``<parent>/<name>``, else ``<name>.2``, ``<name>.3``, ...: made here, never an existing
+    one (a follow-up run's directory: artifacts are never overwritten)."""
+    n = 1
+    while True:
+        cand = parent / (name if n == 1 else f"{name}.{n}")
+        try:
+            cand.mkdir()
+            return cand
+        except FileExistsError:
+            n += 1
