@@ -401,3 +401,16 @@ def test_profile_section_and_a_refused_profile_run(tmp_path: Path) -> None:
     assert pf.terminal_lines([record]) == [
         "profile: no profile run: the cell's run exited 3",
         f"profile figures are {pf.PROFILE_NOTE}"]
+
+
+def test_profile_lines_name_kernels_short() -> None:
+    """A CUDA kernel's C++ name (thousands of characters of template arguments, seen on the
+    H200) is shortened in the lines; the record keeps it whole."""
+    from pytest_rlkernel_matrix.judge.profile import short_kernel
+
+    long = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<"
+            "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>"
+            "(at::TensorIteratorBase&)::{lambda(int)#1}>(int, at::native::x<y>)")
+    assert short_kernel(long) == "at::native::elementwise_kernel<...>(int, at::native::x<...>)"
+    assert short_kernel("aten::mm") == "aten::mm" and short_kernel("a->b") == "a->b"
+    assert len(short_kernel("k" * 200)) == 60

@@ -237,6 +237,23 @@ def difference(r_cell: dict[str, Any], p_cell: dict[str, Any], side: str,
     return sorted(out, key=lambda d: -abs(d["delta_ms"]))
 
 
+def short_kernel(name: str, limit: int = 60) -> str:
+    """A kernel's name for a line: C++ template arguments dropped (`elementwise_kernel<...>`),
+    at most `limit` characters; the record keeps the whole name."""
+    out, depth = [], 0
+    for ch in name:
+        if ch == "<":
+            if depth == 0:
+                out.append("<...>")
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    text = "".join(out).removeprefix("void ").strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 # (side, the cell with P on that side, the phase that side's kernels run in)
 SIDE_CELLS = (("training", "P/R", "training"), ("rollout", "R/P", "rollout"))
 
@@ -272,8 +289,8 @@ def statements(records: list[dict[str, Any]]) -> list[str]:
                 shown.append(diffs[0])
             parts = []
             for x in shown:
-                tops = ", ".join(f"{k['name']} {k['delta_ms']:+.2f}" for k in x["kernels"]
-                                 if k["delta_ms"])
+                tops = ", ".join(f"{short_kernel(k['name'])} {k['delta_ms']:+.2f}"
+                                 for k in x["kernels"] if k["delta_ms"])
                 parts.append(f"{x['module']}, {side} side: R {x['delta_ms']:+.2f} ms/step over P "
                              f"({x['r_ms']:.2f} vs {x['p_ms']:.2f} ms/step"
                              + (f"; {tops}" if tops else "") + ")")
