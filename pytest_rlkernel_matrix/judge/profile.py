@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix.store.atomic import new_dir
-from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
+from pytest_rlkernel_matrix.store.safeio import Refused, newest_followup, read_bytes
 
 PROFILE_SUMMARY = "profile.json"
 PROFILE_NOTE = ("kernel sums for localisation, not step time: a profile run is never a "
@@ -303,16 +303,9 @@ def statements(records: list[dict[str, Any]]) -> list[str]:
 
 def attach_profile(record: dict[str, Any], run_dir: Path) -> None:
     """The latest profile run's ``profile.json`` into the record (``profile``), if any."""
-    found = []
-    for p in run_dir.glob("profile*/" + PROFILE_SUMMARY):
-        tail = p.parent.name.removeprefix("profile").removeprefix(".")
-        if tail == "" or tail.isdigit():
-            found.append((int(tail or 1), p))
-    if not found:  # no profile run: the note saying why none was run, if there is one
-        if not (run_dir / PROFILE_NOTE_FILE).is_file():
-            return
-        found.append((0, run_dir / PROFILE_NOTE_FILE))
-    path = max(found)[1]
+    path = newest_followup(run_dir, "profile", PROFILE_SUMMARY, PROFILE_NOTE_FILE)
+    if path is None:
+        return
     try:
         data = json.loads(read_bytes(path, run_dir, 64 * 1024 * 1024))
         if not isinstance(data, dict) or not isinstance(data.get("buckets"), dict):

@@ -272,19 +272,11 @@ def analyze_run(
 def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
     """The latest probe run's ``localisation.json`` (``judge/probe.py``), if the cell has one;
     else its ``probe-note.json`` (probing was asked for, but the run timed out or errored)."""
-    from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
+    from pytest_rlkernel_matrix.store.safeio import Refused, newest_followup, read_bytes
 
-    found = []
-    for p in run_dir.glob("probe*/localisation.json"):
-        tail = p.parent.name.removeprefix("probe").removeprefix(".")
-        if tail == "" or tail.isdigit():
-            found.append((int(tail or 1), p))
-    if not found:  # no probe run: the note saying why none was run, if there is one
-        note = run_dir / "probe-note.json"
-        if not note.is_file():
-            return
-        found.append((0, note))
-    path = max(found)[1]
+    path = newest_followup(run_dir, "probe", "localisation.json", "probe-note.json")
+    if path is None:
+        return
     try:
         loc = json.loads(read_bytes(path, run_dir, 16 * 1024 * 1024))
         if not isinstance(loc, dict) or not isinstance(loc.get("summary"), str):

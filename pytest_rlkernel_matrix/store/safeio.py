@@ -143,3 +143,16 @@ def listing(directory: Path, pattern: str, root: Path, problems: list[str]) -> l
         problems.append(f"{directory.name}: cannot list: {exc}")
         return []
     return found
+
+
+def newest_followup(run_dir: Path, name: str, file: str, note: str) -> Path | None:
+    """`file` of the newest follow-up run directory `<run_dir>/<name>`, `<name>.2`, ...
+    (`store.atomic.new_dir` makes them), else the note saying why none was run, else None."""
+    found = []
+    for p in run_dir.glob(f"{name}*/{file}"):
+        tail = p.parent.name.removeprefix(name).removeprefix(".")
+        if tail == "" or tail.isdigit():
+            found.append((int(tail or 1), p))
+    if found:
+        return max(found)[1]
+    return run_dir / note if (run_dir / note).is_file() else None
