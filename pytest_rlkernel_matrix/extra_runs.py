@@ -124,7 +124,8 @@ def maybe_probe(ms: Any, cell: Any, run_dir: Path, job: Any,
     from pytest_rlkernel_matrix.judge.profile import follow_profile
 
     matrix = ms.matrix
-    changed = follow_profile(matrix, run_dir, job, record, ms.write_json)
+    names = (*(c.name for c in ms.cells if c.run_key == cell.run_key), cell.name)
+    changed = follow_profile(matrix, run_dir, job, record, ms.write_json, names)
     if ms.probe or matrix.probe.when == "drift":
         plan = probe_plan(record, matrix.runner.launcher)
         if plan is not None and plan != "probe":

@@ -414,3 +414,38 @@ def test_profile_lines_name_kernels_short() -> None:
     assert short_kernel(long) == "at::native::elementwise_kernel<...>(int, at::native::x<...>)"
     assert short_kernel("aten::mm") == "aten::mm" and short_kernel("a->b") == "a->b"
     assert len(short_kernel("k" * 200)) == 60
+
+
+def test_profile_cells_choose_the_runs_and_pp_stands_in(tmp_path: Path) -> None:
+    """`[profile] cells`: only the chosen cells get a profile run (R/R and P/P: two runs for
+    both sides); a side whose single-P cell has no profile is compared against P/P."""
+    from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
+
+    base = (REPO / "matrix.toml").read_text(encoding="utf-8")
+    good = tmp_path / "good.toml"
+    good.write_text(base + '\n[profile]\nwhen = "always"\ncells = ["ffn[R/R]", "ffn[P/P]"]\n')
+    m = load_matrix(good)
+    assert m.profile.chooses(("ffn[R/R]",)) and not m.profile.chooses(("ffn[P/R]",))
+    run = tmp_path / "run"
+    run.mkdir()
+    assert not pf.follow_profile(m, run, None, {"exit_code": 0}, names=("ffn[R/P]",))
+    assert not list(run.iterdir())  # not chosen: no run, no note
+    assert load_matrix(tmp_path / "good.toml").profile.chooses(("ffn[P/P]",))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base + '\n[profile]\ncells = ["ffn[X/Y]"]\n')
+    with pytest.raises(MatrixFileError, match=r"profile\.cells: 'ffn\[X/Y\]' is no cell"):
+        load_matrix(bad)
+
+    def prof(side_ms: dict[str, float]) -> dict:
+        return {"unit": "GPU kernel time", "buckets": {side: {side: {"ffn": {
+            "ms_per_step": ms, "calls_per_step": 1.0, "top": [{"name": "k", "ms_per_step": ms}],
+            "kernels": {"k": ms}}}} for side, ms in side_ms.items()}}
+    recs = [{"hardware": "h", "module": "ffn", "case": "R/R",
+             "profile": prof({"training": 2.0, "rollout": 3.0})},
+            {"hardware": "h", "module": "ffn", "case": "P/P",
+             "profile": prof({"training": 1.5, "rollout": 3.5})}]
+    lines = pf.statements(recs)
+    assert [x.split(" (")[0] for x in lines] == ["h ffn profile, training phase, R/R vs P/P",
+                                                 "h ffn profile, rollout phase, R/R vs P/P"]
+    assert "ffn, training side: R +0.50 ms/step over P" in lines[0]
+    assert "ffn, rollout side: R -0.50 ms/step over P" in lines[1]

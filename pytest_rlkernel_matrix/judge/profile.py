@@ -255,6 +255,8 @@ def short_kernel(name: str, limit: int = 60) -> str:
 
 
 # (side, the cell with P on that side, the phase that side's kernels run in)
+# (side, the cell with P on that side only, phase); P/P stands in where that cell has no
+# profile (`[profile] cells = ["ffn[R/R]", "ffn[P/P]"]`): each side's buckets are its own
 SIDE_CELLS = (("training", "P/R", "training"), ("rollout", "R/P", "rollout"))
 
 
@@ -266,13 +268,15 @@ def statements(records: list[dict[str, Any]]) -> list[str]:
     for rec in records:
         prof = rec.get("profile")
         if isinstance(prof, dict) and prof.get("buckets") and rec.get("case") in (
-                "R/R", "P/R", "R/P"):
+                "R/R", "P/R", "R/P", "P/P"):
             cells.setdefault((str(rec.get("hardware")), str(rec.get("module"))), {})[
                 str(rec["case"])] = prof
     lines = []
     for (hw, module), by_case in sorted(cells.items()):
         rr = by_case.get("R/R")
         for side, case, phase in SIDE_CELLS:
+            if case not in by_case:
+                case = "P/P"
             other = by_case.get(case)
             if rr is None or other is None:
                 continue
@@ -385,10 +389,11 @@ def write_profile_note(run_dir: Path, why: str, write: Any = None) -> None:
 
 
 def follow_profile(matrix: Any, run_dir: Path, job: Any, record: dict[str, Any],
-                   write: Any = None) -> bool:
-    """After a cell's run, with ``[profile] when = "always"`` (or ``--rlk-profile``): its
-    profile run, or ``profile-note.json`` saying why none; True when either was written."""
-    if matrix.profile.when != "always":
+                   write: Any = None, names: tuple[str, ...] = ("all",)) -> bool:
+    """After a cell's run (``names``: the cells sharing it), with ``[profile] when = "always"``
+    (or ``--rlk-profile``) and the cell among ``[profile] cells``: its profile run, or
+    ``profile-note.json`` saying why none; True when either was written."""
+    if not matrix.profile.chooses(names):
         return False
     plan = profile_plan(record, matrix.runner.launcher)
     if plan != "profile":

@@ -401,6 +401,15 @@ class ProfileSection(_Strict):
                                              "cell's run, a separate profile run of it")
     skip: int = Field(default=1, ge=0, le=100, description="steps run before the profiler starts")
     steps: int = Field(default=2, ge=1, le=100, description="steps run under the profiler")
+    cells: tuple[str, ...] = Field(
+        default=("all",), min_length=1,
+        description='the cells profiled: "all", or cells as pytest names them ("ffn[R/R]", '
+        '"ffn[P/P]": R/R against P/P compares both sides with two profile runs)')
+
+    def chooses(self, names: Iterable[str]) -> bool:
+        """Whether a finished run (the cell names sharing it) gets its profile run."""
+        return self.when == "always" and ("all" in self.cells
+                                          or any(n in self.cells for n in names))
 
 
 class ReproducibilitySection(_Strict):
@@ -544,12 +553,15 @@ class MatrixFile(_Strict):
         known = {"baseline", *(f"{m}[{c}]" for m in self.matrix.modules for c in CASES)}
         known |= {f"factor-{n}-{v}-{c.replace('/', '').lower()}" for n, f in self.factors.items()
                   for v in f.variants for c in f.cases}
-        unknown = [c for c in self.reproducibility.cells if c not in known]
-        if unknown:
-            raise ValueError(
-                f"reproducibility.cells: {unknown[0]!r} is no cell of this matrix (expected "
-                '"baseline", "<module>[<case>]" with a module of matrix.modules, or a factor '
-                'cell "factor-<name>-<variant>-<case>")')
+        for key, names, first in (("reproducibility.cells", self.reproducibility.cells,
+                                   '"baseline"'),
+                                  ("profile.cells", self.profile.cells, '"all"')):
+            unknown = [c for c in names if c not in known - {"baseline"} | {first.strip('"')}]
+            if unknown:
+                raise ValueError(
+                    f"{key}: {unknown[0]!r} is no cell of this matrix (expected {first}, "
+                    '"<module>[<case>]" with a module of matrix.modules, or a factor cell '
+                    '"factor-<name>-<variant>-<case>")')
         return self
 
     @field_validator("hardware")
