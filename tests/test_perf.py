@@ -467,3 +467,13 @@ def test_xdist_workers_sharing_a_cpu_are_contamination(
         assert any(r.startswith("contaminated: other cells of this session ran on the same "
                                 "devices") for r in _perf_reasons(cell)), _perf_reasons(cell)
         assert cell["performance_usable"] is False
+
+
+def test_interval_bounds_never_read_as_reaching_one() -> None:
+    """An interval that excludes 1 by less than 0.005 shows three decimals: '[0.79, 0.997]
+    faster', never '[0.79, 1.00] faster' (seen on the H200, wave 10)."""
+    from pytest_rlkernel_matrix.judge.stats import bounds
+
+    assert bounds(0.7927, 0.9968) == "[0.79, 0.997]"
+    assert bounds(1.0031, 1.2) == "[1.003, 1.20]"
+    assert bounds(0.95, 1.0) == "[0.95, 1.00]" and bounds(0.5, 0.994) == "[0.50, 0.99]"

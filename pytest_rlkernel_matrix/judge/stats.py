@@ -44,6 +44,15 @@ def level(confidence: float) -> str:
     return f"{confidence * 100:.4g}%"
 
 
+def bounds(low: float, high: float) -> str:
+    """'[0.79, 0.997]': two decimals, or three where a bound would round onto 1 without
+    touching it (an interval that excludes 1 never reads as reaching it)."""
+    def one(x: float) -> str:
+        shown = f"{x:.2f}"
+        return f"{x:.3f}" if shown == "1.00" and x != 1.0 else shown
+    return f"[{one(low)}, {one(high)}]"
+
+
 def summary(values: Sequence[float]) -> dict[str, Any]:
     """n, median, min, max and relative spread ((max - min) / median) of measured steps."""
     x = np.asarray(values, dtype=np.float64)
@@ -157,7 +166,7 @@ class Ratio:
         if self.ratio is None:
             return f"n={self.n[0]}/{self.n[1]}{procs}"
         ci = "" if self.low is None else (
-            f" [{self.low:.2f}, {self.high:.2f}] {level(self.confidence)} CI")
+            f" {bounds(self.low, self.high)} {level(self.confidence)} CI")
         return f"{self.ratio:.2f}{ci}, n={self.n[0]}/{self.n[1]}{procs}"
 
     def text(self) -> str:

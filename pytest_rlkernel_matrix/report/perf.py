@@ -29,6 +29,7 @@ from typing import Any
 from pytest_rlkernel_matrix.judge.stats import (
     DIRECTION,
     ONE_PROCESS,
+    bounds,
     level,
     median_interval,
 )
@@ -99,7 +100,7 @@ def _short(s: Mapping[str, Any]) -> str:
     name = _phase(s["phase"])
     if s["ratio"] is None:
         return f"{name} -"
-    ci = "" if s["low"] is None else f" [{s['low']:.2f}, {s['high']:.2f}]"
+    ci = "" if s["low"] is None else f" {bounds(s['low'], s['high'])}"
     word = {"slower": "slower", "faster": "faster", "no difference": "no difference"}.get(
         s["kind"], "")
     return f"{name} {s['ratio']:.2f}{ci}" + (f" {word}" if word else "")
