@@ -430,7 +430,7 @@ def test_profile_cells_choose_the_runs_and_pp_stands_in(tmp_path: Path) -> None:
     run.mkdir()
     assert not pf.follow_profile(m, run, None, {"exit_code": 0}, names=("ffn[R/P]",))
     assert not list(run.iterdir())  # not chosen: no run, no note
-    assert load_matrix(tmp_path / "good.toml").profile.chooses(("ffn[P/P]",))
+    assert m.profile.chooses(("ffn[P/P]",))
     bad = tmp_path / "bad.toml"
     bad.write_text(base + '\n[profile]\ncells = ["ffn[X/Y]"]\n')
     with pytest.raises(MatrixFileError, match=r"profile\.cells: 'ffn\[X/Y\]' is no cell"):

@@ -254,9 +254,9 @@ def short_kernel(name: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# (side, the cell with P on that side, the phase that side's kernels run in)
-# (side, the cell with P on that side only, phase); P/P stands in where that cell has no
-# profile (`[profile] cells = ["ffn[R/R]", "ffn[P/P]"]`): each side's buckets are its own
+# (side, the cell with P on that side only, the phase that side's kernels run in); P/P stands
+# in where that cell has no profile (`[profile] cells = ["ffn[R/R]", "ffn[P/P]"]`): each side's
+# buckets are its own
 SIDE_CELLS = (("training", "P/R", "training"), ("rollout", "R/P", "rollout"))
 
 
@@ -389,7 +389,7 @@ def write_profile_note(run_dir: Path, why: str, write: Any = None) -> None:
 
 
 def follow_profile(matrix: Any, run_dir: Path, job: Any, record: dict[str, Any],
-                   write: Any = None, names: tuple[str, ...] = ("all",)) -> bool:
+                   write: Any = None, names: tuple[str, ...] = ()) -> bool:
     """After a cell's run (``names``: the cells sharing it), with ``[profile] when = "always"``
     (or ``--rlk-profile``) and the cell among ``[profile] cells``: its profile run, or
     ``profile-note.json`` saying why none; True when either was written."""

@@ -550,16 +550,15 @@ class MatrixFile(_Strict):
 
     @model_validator(mode="after")
     def _repeat_cells(self) -> MatrixFile:
-        known = {"baseline", *(f"{m}[{c}]" for m in self.matrix.modules for c in CASES)}
+        known = {f"{m}[{c}]" for m in self.matrix.modules for c in CASES}
         known |= {f"factor-{n}-{v}-{c.replace('/', '').lower()}" for n, f in self.factors.items()
                   for v in f.variants for c in f.cases}
-        for key, names, first in (("reproducibility.cells", self.reproducibility.cells,
-                                   '"baseline"'),
-                                  ("profile.cells", self.profile.cells, '"all"')):
-            unknown = [c for c in names if c not in known - {"baseline"} | {first.strip('"')}]
+        for key, names, word in (("reproducibility.cells", self.reproducibility.cells,
+                                  "baseline"), ("profile.cells", self.profile.cells, "all")):
+            unknown = [c for c in names if c not in known and c != word]
             if unknown:
                 raise ValueError(
-                    f"{key}: {unknown[0]!r} is no cell of this matrix (expected {first}, "
+                    f"{key}: {unknown[0]!r} is no cell of this matrix (expected \"{word}\", "
                     '"<module>[<case>]" with a module of matrix.modules, or a factor cell '
                     '"factor-<name>-<variant>-<case>")')
         return self
