@@ -174,33 +174,49 @@ def test_tp_shards_and_zigzag_split() -> None:
         shard_weights(cfg, w, 3, 0)
 
 
-def test_merge_places_runs_of_offsets_as_fancy_indexing_places_them() -> None:
-    """`merge` copies each run of consecutive offsets as one slice: the samples are those of
-    `out[offsets] = values`, for zigzag, shuffled, overlapping and gapped offsets; negative or
-    out-of-range ones take numpy's own indexing (wrap-around, or its IndexError)."""
+def test_merge_places_cp_spans_as_fancy_indexing_places_the_writers_offsets() -> None:
+    """`read_sidecar` holds each CP rank's values as runs of consecutive offsets
+    (`response_spans`), and `merge` copies each run as one slice: for every total and response
+    length up to 13 and cp 1 to 4, the spans are the writer's zigzag offsets
+    (`workload.parallel.zigzag_response_offsets`), and the merged sample is
+    `out[offsets] = values` over the CP ranks; a missing rank leaves its positions inactive."""
     import numpy as np
 
-    from pytest_rlkernel_matrix.judge.sidecars import Shard, merge
+    from pytest_rlkernel_matrix.judge.sidecars import (
+        SIDECAR_SCHEMA,
+        merge,
+        read_sidecar,
+        response_offsets,
+    )
+    from pytest_rlkernel_matrix.workload.parallel import zigzag_response_offsets
 
     rng = np.random.default_rng(11)
-    n = 40
-    cases = [np.r_[0:5, 30:39], rng.permutation(n), np.r_[0:10, 5:15], np.r_[3:9, 20:26, 1:2],
-             np.arange(n) - 3, np.r_[0:20], np.r_[30:41]]
-    for off in cases:
-        off = off.astype(np.int64)
-        values = rng.standard_normal(off.size).astype(np.float32)
-        mask = rng.random(off.size) < 0.8
-        shard = Shard(file="f", rank=0, call=0, dp=0, index=0, cp_rank=0, cp=1, total=n + 1,
-                      response=n, train=values, rollout=values * 2, mask=mask, offsets=off)
-        want_t, want_r = np.zeros(n, np.float32), np.zeros(n, np.float32)
-        want_m = np.zeros(n, bool)
-        try:
-            want_t[off], want_r[off], want_m[off] = values, values * 2, mask
-        except IndexError as exc:
-            with pytest.raises(IndexError, match=str(exc).split(" with")[0]):
-                merge([shard])
-            continue
-        (sample,) = merge([shard]).samples
-        assert sample.train.tobytes() == want_t.tobytes()
-        assert sample.rollout.tobytes() == want_r.tobytes()
-        assert sample.mask.tolist() == want_m.tolist()
+    for cp in (1, 2, 3, 4):
+        for total in range(1, 14):
+            for response in range(1, total + 1):
+                train = rng.standard_normal(response).astype(np.float32)
+                roll = train * 2
+                full = (rng.random(response) < 0.8).astype(np.float32)
+                want_t, want_r = np.zeros(response, np.float32), np.zeros(response, np.float32)
+                want_m = np.zeros(response, bool)
+                shards = []
+                for rank in range(cp):
+                    off = zigzag_response_offsets(total, response, cp, rank).numpy()
+                    assert response_offsets(total, response, cp, rank).tolist() == off.tolist()
+                    data = {"schema_version": SIDECAR_SCHEMA, "rank": rank, "call_index": 0,
+                            "tensor_parallel_size": 1, "context_parallel_size": cp,
+                            "train_log_probs": [train[off]], "rollout_log_probs": [roll[off]],
+                            "loss_masks": [full], "total_lengths": [total],
+                            "response_lengths": [response]}
+                    (shard,) = read_sidecar(data, f"r{rank}")[1]
+                    assert shard.mask.tolist() == (full[off] != 0).tolist()
+                    if rank == 1:  # a lost shard: its positions stay zero and inactive
+                        continue
+                    shards.append(shard)
+                    want_t[off], want_r[off], want_m[off] = train[off], roll[off], full[off] != 0
+                merged = merge(shards)
+                (sample,) = merged.samples
+                assert sample.train.tobytes() == want_t.tobytes(), (cp, total, response)
+                assert sample.rollout.tobytes() == want_r.tobytes()
+                assert sample.mask.tolist() == want_m.tolist()
+                assert bool(merged.problems) == (cp > 1), merged.problems

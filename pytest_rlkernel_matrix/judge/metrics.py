@@ -200,15 +200,30 @@ def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
     of samples add up to what `compute` gives for it (`compute(..., counts=[])` gives both)."""
     if not samples:
         return []
-    active = [s.mask.astype(bool) for s in samples]
-    train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
-    roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
-    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
+    _, train, roll, lengths = _active(samples)
     neq = train != roll
     bits = (_bits(train) != _bits(roll) if train.dtype == roll.dtype
             else np.ones(train.size, dtype=bool))
     d = _delta(train, roll)
     return _counts(lengths, neq, bits, d, np.isfinite(d))
+
+
+def _active(samples: Sequence[Sample],
+            ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    """(each sample's mask as bool, the active train values of all samples in order, the
+    active rollout values, each sample's active count): `s.train[mask]` concatenated, taken
+    as one indexing of the concatenation where every sample's arrays are 1-d of one size."""
+    active = [s.mask if s.mask.dtype == np.bool_ else s.mask.astype(bool) for s in samples]
+    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
+    if all(s.train.ndim == 1 and s.train.shape == s.rollout.shape == m.shape
+           for s, m in zip(samples, active, strict=True)):
+        every = active[0] if len(active) == 1 else np.concatenate(active)
+        train = np.concatenate([s.train for s in samples])[every]
+        roll = np.concatenate([s.rollout for s in samples])[every]
+    else:  # (numpy's own errors for arrays that do not fit their masks)
+        train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
+        roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
+    return active, train, roll, lengths
 
 
 def _counts(lengths: np.ndarray, neq: np.ndarray, bits: np.ndarray, d: np.ndarray,
@@ -262,12 +277,9 @@ def compute(samples: Sequence[Sample],
     out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
     if not samples:
         return out
-    active = [s.mask.astype(bool) for s in samples]
-    train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
-    roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
+    active, train, roll, lengths = _active(samples)
     n = int(train.size)
     out.active_token_count = n
-    lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
     if n == 0:
         if counts is not None:
             counts.extend((0, 0, 0, 0, None) for _ in samples)
@@ -288,8 +300,11 @@ def compute(samples: Sequence[Sample],
         counts.extend(_counts(lengths, neq, bits, d, finite,
                               ad if out.nonfinite_count == 0 else None))
     out.mismatch_fraction = out.mismatch_count / n
+    score = ad if out.nonfinite_count == 0 else None  # (the worst tokens' scores)
     if ad.size:
-        out.logprob_abs_diff_max = float(ad.max())
+        if not summary_only:  # (sorted: the percentiles and the histogram from it, sooner)
+            ad = np.sort(ad)
+        out.logprob_abs_diff_max = float(ad.max() if summary_only else ad[-1])
         if parts is None and sums is None:
             parts = [(s.train[m], s.rollout[m]) for s, m in zip(samples, active, strict=True)]
         figures = (None if out.nonfinite_count else pooled_from_sums(sums) if sums is not None
@@ -303,16 +318,31 @@ def compute(samples: Sequence[Sample],
         out.logprob_abs_diff_p50, out.logprob_abs_diff_p90 = float(p50), float(p90)
         out.logprob_abs_diff_p99 = float(p99)
         if out.logprob_abs_diff_max > 0:
-            nonzero = int(np.count_nonzero(ad))
-            hist, edges = np.histogram(np.log10(ad if nonzero == ad.size else ad[ad > 0]),
-                                       bins=20)
+            zero = int(np.searchsorted(ad, 0.0, side="right"))
+            hist, edges = log10_histogram(ad[zero:])
             out.histogram = {"log10_abs_diff_edges": edges.tolist(),
-                             "counts": hist.tolist(), "zero": int(ad.size - nonzero)}
+                             "counts": hist.tolist(), "zero": zero}
     if summary_only:
         return out
-    # the worst tokens' scores: |delta|, inf where not finite (`ad` itself when all are)
-    _worst(out, samples, active, lengths, d, neq, ad if out.nonfinite_count == 0 else None)
+    # the worst tokens' scores: |delta|, inf where not finite (|d| when all are)
+    _worst(out, samples, active, lengths, d, neq, score)
     return out
+
+
+HISTOGRAM_BINS = 20
+
+
+def log10_histogram(ascending: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.histogram(np.log10(ascending), bins=20)` of positive finite values in ascending
+    order: log10 keeps their order, so each bin's count is where its edges fall in them (bin
+    `i` holds `edges[i] <= x < edges[i + 1]`, the last its right edge too, as numpy's bins
+    do); numpy's own histogram wherever log10's results are not in order."""
+    logs = np.log10(ascending)
+    edges = np.histogram_bin_edges(logs, bins=HISTOGRAM_BINS)
+    if logs.size > 1 and not bool((logs[1:] >= logs[:-1]).all()):
+        return np.histogram(logs, bins=HISTOGRAM_BINS)
+    cuts = np.searchsorted(logs, edges[1:-1], side="left")
+    return np.diff(cuts, prepend=0, append=logs.size).astype(np.int64), edges
 
 
 def _worst(
@@ -332,13 +362,18 @@ def _worst(
     k = min(WORST_TOKENS, score.size)
     top = np.argpartition(-score, k - 1)[:k]
     top = top[np.argsort(-score[top], kind="stable")]
-    positions = [np.flatnonzero(m) for m in active]
+    # an active token's position in its sample: its index among all samples' mask values,
+    # less its sample's start there
+    every = active[0] if len(active) == 1 else np.concatenate(active)
+    where = np.flatnonzero(every)
+    sizes = np.array([m.size for m in active], dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
     for flat in top.tolist():
         if score[flat] == 0:
             break
         i = int(np.searchsorted(offsets, flat, side="right") - 1)
         s = samples[i]
-        pos = int(positions[i][flat - offsets[i]])
+        pos = int(where[flat] - starts[i])
         entry: dict[str, object] = {
             "sample": s.sample, "call": s.call, "rank": s.rank, "position": pos,
             "train_logprob": float(s.train[pos]), "rollout_logprob": float(s.rollout[pos]),
@@ -347,21 +382,24 @@ def _worst(
         if s.tokens is not None and pos < s.tokens.size:
             entry["token_id"] = int(s.tokens[pos])
         out.worst_tokens.append(entry)
-    firsts: list[dict[str, int]] = []
-    for i, s in enumerate(samples):
-        seg = neq[offsets[i]:offsets[i + 1]]
-        hit = np.flatnonzero(seg)
-        if hit.size:
-            firsts.append({"sample": s.sample, "rank": s.rank,
-                           "position": int(positions[i][hit[0]]),
-                           "active_tokens": int(lengths[i])})
-    if firsts:
-        pos = np.array([f["position"] for f in firsts])
-        out.first_mismatch_summary = {
-            "samples_with_mismatch": len(firsts), "samples": len(samples),
-            "position_min": int(pos.min()), "position_median": float(np.median(pos)),
-            "position_max": int(pos.max()),
-        }
-        # Earliest first; the summary covers every sample, the list the earliest ones.
-        firsts.sort(key=lambda f: (f["position"], f["rank"], f["sample"]))
-        out.first_mismatch = firsts[:FIRST_MISMATCH_LISTED]
+    # each sample's first mismatching active token: the first mismatch at or after its start
+    hits = np.flatnonzero(neq)
+    if not hits.size:
+        return
+    first = np.searchsorted(hits, offsets[:-1])
+    found = np.flatnonzero(hits[np.minimum(first, hits.size - 1)] < offsets[1:])
+    found = found[first[found] < hits.size]
+    pos = where[hits[first[found]]] - starts[found]
+    ranks = np.array([samples[i].rank for i in found.tolist()], dtype=np.int64)
+    numbers = np.array([samples[i].sample for i in found.tolist()], dtype=np.int64)
+    out.first_mismatch_summary = {
+        "samples_with_mismatch": int(found.size), "samples": len(samples),
+        "position_min": int(pos.min()), "position_median": float(np.median(pos)),
+        "position_max": int(pos.max()),
+    }
+    # Earliest first (position, rank, sample; ties in sample order); the summary covers every
+    # sample, the list the earliest ones.
+    order = np.lexsort((numbers, ranks, pos))[:FIRST_MISMATCH_LISTED]
+    out.first_mismatch = [
+        {"sample": int(numbers[j]), "rank": int(ranks[j]), "position": int(pos[j]),
+         "active_tokens": int(lengths[found[j]])} for j in order.tolist()]

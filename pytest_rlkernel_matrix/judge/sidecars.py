@@ -41,28 +41,38 @@ class SidecarRefused(SidecarError):
     """A sidecar of a schema this reader does not know (the message names the key)."""
 
 
+Span = tuple[int, int, int]  # (position in the stored values, first response offset, end)
+
+
 def response_offsets(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
     """Response offsets `j` (logit position `total - response - 1 + j`) a CP rank holds, in the
-    order its sidecar stores them (RL-Kernel's `slice_response_mask_for_cp`). Read-only: one
-    array per (total, response, cp, cp_rank), shared by every sample of that shape."""
-    return _offsets(total, response, cp, cp_rank)
+    order its sidecar stores them (RL-Kernel's `slice_response_mask_for_cp`)."""
+    got = [np.arange(lo, hi, dtype=np.int64) for _, lo, hi in response_spans(
+        total, response, cp, cp_rank)]
+    return np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
 
 
-@functools.lru_cache(maxsize=256)  # arrays no larger than a stored mask
-def _offsets(total: int, response: int, cp: int, cp_rank: int) -> np.ndarray:
+@functools.lru_cache(maxsize=4096)
+def response_spans(total: int, response: int, cp: int, cp_rank: int) -> tuple[Span, ...]:
+    """`response_offsets` as runs of consecutive offsets, in stored order: (position in the
+    stored values, first offset, end) each, every offset inside `[0, response)`. CP rank `r`
+    holds the logit positions of chunks `r` and `2cp-1-r` of `ceil(total / 2cp)`, clipped to
+    the response's logits `[total - response - 1, total - 1)`: at most two runs."""
     if cp == 1:
-        out = np.arange(response, dtype=np.int64)
-    else:
-        base = total - response - 1
-        chunk = (total + 2 * cp - 1) // (2 * cp)
-        pieces = []
-        for c in (cp_rank, 2 * cp - cp_rank - 1):
-            lo, hi = max(c * chunk, base), min((c + 1) * chunk, total - 1)
-            if lo < hi:
-                pieces.append(np.arange(lo - base, hi - base, dtype=np.int64))
-        out = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    out.setflags(write=False)
-    return out
+        return ((0, 0, response),)
+    base = total - response - 1
+    chunk = (total + 2 * cp - 1) // (2 * cp)
+    spans, at = [], 0
+    for c in (cp_rank, 2 * cp - cp_rank - 1):
+        lo, hi = max(c * chunk, base) - base, min((c + 1) * chunk, total - 1) - base
+        if lo < hi:
+            spans.append((at, lo, hi))
+            at += hi - lo
+    return tuple(spans)
+
+
+def _held(spans: tuple[Span, ...]) -> int:
+    return spans[-1][0] + spans[-1][2] - spans[-1][1] if spans else 0
 
 
 def schema_of(data: Mapping[str, Any]) -> str:
@@ -134,7 +144,12 @@ class Shard:
     train: np.ndarray
     rollout: np.ndarray
     mask: np.ndarray  # bool, sliced to this shard's positions
-    offsets: np.ndarray  # response offsets of the stored values
+    spans: tuple[Span, ...]  # where the stored values lie in the response (`response_spans`)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """The response offset of each stored value."""
+        return response_offsets(self.total, self.response, self.cp, self.cp_rank)
 
     @property
     def key(self) -> tuple[int, int, int, int]:
@@ -209,7 +224,7 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
         if full.size != resp:
             raise SidecarError(f"sample {i}: full loss mask holds {full.size} values, "
                                f"response_lengths is {resp}")
-        offsets = response_offsets(total, resp, info.cp, cp_rank)
+        spans = response_spans(total, resp, info.cp, cp_rank)
         train, roll = trains[i], rolls[i]  # type: ignore[index]
         if not (type(train) is np.ndarray and train.ndim == 1 and train.dtype.kind in "fiub"):
             train = float_array(train, f"train_log_probs[{i}]")
@@ -218,8 +233,15 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
         shards.append(Shard(
             file=file, rank=info.rank, call=info.call, dp=dp, index=i, cp_rank=cp_rank, cp=info.cp,
             total=total, response=resp, train=train, rollout=roll,
-            mask=full[offsets].astype(bool), offsets=offsets))  # (sliced, then cast: the same)
+            mask=_slice(full, spans).astype(bool), spans=spans))  # (sliced, then cast: the same)
     return info, shards
+
+
+def _slice(full: np.ndarray, spans: tuple[Span, ...]) -> np.ndarray:
+    """`full[response_offsets(...)]`: the values at the spans' offsets, in stored order."""
+    if len(spans) == 1:
+        return full[spans[0][1]:spans[0][2]]
+    return np.concatenate([full[lo:hi] for _, lo, hi in spans]) if spans else full[:0]
 
 
 @dataclass
@@ -249,13 +271,13 @@ def merge(shards: Sequence[Shard]) -> Merged:
                 f"sample {sh.index} (DP rank {sh.dp}, CP rank {sh.cp_rank}): "
                 f"{', '.join(differ)} differ ({sh.file} vs {prev.file})")
     groups: dict[tuple[int, int, int], list[Shard]] = {}
-    runs: dict[int, tuple[list[tuple[int, int, int]], int]] = {}  # by id of a shard's offsets
     for sh in first.values():
-        if sh.train.size != sh.rollout.size or sh.train.size != sh.offsets.size:
+        held = _held(sh.spans)
+        if sh.train.size != sh.rollout.size or sh.train.size != held:
             out.problems.append(
                 f"call {sh.call}, sample {sh.index} (rank {sh.rank}): lengths differ (train "
                 f"{sh.train.size}, rollout {sh.rollout.size}, the CP slice of the mask "
-                f"{sh.offsets.size} for total {sh.total} / response {sh.response})")
+                f"{held} for total {sh.total} / response {sh.response})")
             continue
         groups.setdefault((sh.dp, sh.call, sh.index), []).append(sh)
         out.parts.append((sh.train[sh.mask], sh.rollout[sh.mask]))
@@ -277,32 +299,11 @@ def merge(shards: Sequence[Shard]) -> Merged:
         rdtype = np.result_type(*(p.rollout.dtype for p in parts))
         train, roll = np.zeros(n, dtype=dtype), np.zeros(n, dtype=rdtype)
         mask = np.zeros(n, dtype=bool)
-        for p in parts:
-            found = runs.get(id(p.offsets))
-            if found is None:
-                found = runs[id(p.offsets)] = _runs(p.offsets)
-            spans, top = found
-            if top < 0 or top > n or len(spans) > 4:  # not plainly inside: as numpy does it
-                train[p.offsets], roll[p.offsets], mask[p.offsets] = p.train, p.rollout, p.mask
-                continue
-            for at, lo, hi in spans:  # each run of consecutive offsets as one slice
+        for p in parts:  # each run of consecutive offsets as one slice (`out[offsets] = values`)
+            for at, lo, hi in p.spans:
                 end = at + hi - lo
                 train[lo:hi], roll[lo:hi], mask[lo:hi] = (p.train[at:end], p.rollout[at:end],
                                                           p.mask[at:end])
         out.samples.append(Sample(train=train, rollout=roll, mask=mask, rank=parts[0].rank,
                                   sample=index, call=call))
     return out
-
-
-def _runs(offsets: np.ndarray) -> tuple[list[tuple[int, int, int]], int]:
-    """([(position in `offsets`, first offset, end)] of each run of consecutive offsets, the
-    largest end; -1 for any negative offset): where every offset lies inside `out`, assigning
-    `values[at:at + end - first]` to `out[first:end]` run by run is `out[offsets] = values`."""
-    if offsets.size == 0:
-        return [], 0
-    if int(offsets.min()) < 0:
-        return [], -1
-    cut = (np.flatnonzero(np.diff(offsets) != 1) + 1).tolist()
-    spans = [(a, int(offsets[a]), int(offsets[b - 1]) + 1)
-             for a, b in zip([0, *cut], [*cut, int(offsets.size)], strict=True)]
-    return spans, max(end for _, _, end in spans)
