@@ -64,6 +64,61 @@ def test_metrics_percentiles_and_nan() -> None:
     assert bad.nonfinite_count == 1 and bad.mismatch_count == 1
 
 
+def test_log10_histogram_is_numpys_on_sorted_values() -> None:
+    """The histogram of log10 |delta| taken from the sorted values (`log10_histogram`) gives
+    numpy's edges and counts: ties, values on the edges, one value, tiny and huge ranges."""
+    from pytest_rlkernel_matrix.judge.metrics import log10_histogram
+
+    rng = np.random.default_rng(5)
+    edge_case = 10.0 ** np.histogram_bin_edges(np.log10([1e-6, 1.0]), bins=20)
+    cases = [np.array([3e-4]), np.full(7, 2.5e-3), edge_case, np.array([1e-300, 1e300]),
+             np.nextafter(1.0, 2.0) ** np.arange(40), np.round(rng.random(5000), 2) + 1e-9]
+    cases += [np.abs(rng.standard_normal(int(rng.integers(2, 3000))) * 10.0 ** rng.integers(-8, 2))
+              for _ in range(60)]
+    for values in cases:
+        values = np.sort(values[values > 0])
+        counts, edges = log10_histogram(values)
+        want_counts, want_edges = np.histogram(np.log10(values), bins=20)
+        assert edges.tobytes() == want_edges.tobytes()
+        assert counts.tolist() == want_counts.tolist(), values[:5]
+
+
+def test_metrics_worst_tokens_and_first_mismatches_are_each_samples_own() -> None:
+    """Worst tokens and first mismatches name each sample's own response positions (masked
+    tokens skipped), taken one sample at a time: samples of several sizes, masks and ranks,
+    empty ones and ones without a mismatch included."""
+    rng = np.random.default_rng(9)
+    samples = []
+    for i in range(40):
+        n = int(rng.integers(0, 60))
+        train = rng.standard_normal(n).astype(np.float32)
+        roll = train.copy()
+        hit = rng.random(n) < rng.choice([0.0, 0.05, 0.5])
+        roll[hit] += rng.random(int(hit.sum())).astype(np.float32)
+        samples.append(Sample(train, roll, (rng.random(n) < 0.7).astype(np.float32), sample=i,
+                              rank=int(rng.integers(0, 3)), call=i // 7))
+    m = compute(samples)
+    want = []
+    for s in samples:
+        where = np.flatnonzero(s.mask)
+        diff = np.flatnonzero(s.train[where] != s.rollout[where])
+        if diff.size:
+            want.append({"sample": s.sample, "rank": s.rank, "position": int(where[diff[0]]),
+                         "active_tokens": int(where.size)})
+    want.sort(key=lambda f: (f["position"], f["rank"], f["sample"]))
+    assert m.first_mismatch == want[:32] and want
+    assert m.first_mismatch_summary["samples_with_mismatch"] == len(want)
+    assert m.first_mismatch_summary["position_median"] == float(
+        np.median([f["position"] for f in want]))
+    for entry in m.worst_tokens:
+        s = samples[int(entry["sample"])]  # type: ignore[call-overload]
+        pos = int(entry["position"])  # type: ignore[call-overload]
+        assert s.mask[pos] and entry["abs_diff"] == abs(float(s.train[pos]) - float(s.rollout[pos]))
+    scores = sorted((abs(float(s.train[p]) - float(s.rollout[p])) for s in samples
+                     for p in np.flatnonzero(s.mask)), reverse=True)
+    assert [e["abs_diff"] for e in m.worst_tokens] == [x for x in scores[:10] if x > 0]
+
+
 def test_logscan(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_text(

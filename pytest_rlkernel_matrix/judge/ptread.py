@@ -226,13 +226,15 @@ def _rebuild_checked(*args: Any) -> _Tensor:
 
 
 def OrderedDict(*args: Any) -> _Hooks:
+    """What `_Hooks` pickles as (by reference, renamed `collections.OrderedDict`)."""
     if args:
         raise Unsupported("collections.OrderedDict with arguments")
     return _Hooks()
 
 
 _GLOBALS = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-            ("collections", "OrderedDict"): OrderedDict,
+            # (`_Hooks` itself: made without a Python call; with arguments it raises TypeError)
+            ("collections", "OrderedDict"): _Hooks,
             **{("torch", name): kind for name, kind in _TYPES.items()}}
 
 
