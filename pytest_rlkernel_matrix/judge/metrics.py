@@ -200,7 +200,7 @@ def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
     of samples add up to what `compute` gives for it (`compute(..., counts=[])` gives both)."""
     if not samples:
         return []
-    _, train, roll, lengths = _active(samples)
+    _, _, train, roll, lengths = _active(samples)
     neq = train != roll
     bits = (_bits(train) != _bits(roll) if train.dtype == roll.dtype
             else np.ones(train.size, dtype=bool))
@@ -209,21 +209,21 @@ def sample_counts(samples: Sequence[Sample]) -> list[SampleCounts]:
 
 
 def _active(samples: Sequence[Sample],
-            ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
-    """(each sample's mask as bool, the active train values of all samples in order, the
-    active rollout values, each sample's active count): `s.train[mask]` concatenated, taken
-    as one indexing of the concatenation where every sample's arrays are 1-d of one size."""
+            ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(each sample's mask as bool, all of them concatenated, the active train values of all
+    samples in order, the active rollout values, each sample's active count): `s.train[mask]`
+    concatenated, taken as one indexing where every sample's arrays are 1-d of one size."""
     active = [s.mask if s.mask.dtype == np.bool_ else s.mask.astype(bool) for s in samples]
     lengths = np.array([int(np.count_nonzero(m)) for m in active], dtype=np.int64)
+    every = active[0].ravel() if len(active) == 1 else np.concatenate([m.ravel() for m in active])
     if all(s.train.ndim == 1 and s.train.shape == s.rollout.shape == m.shape
            for s, m in zip(samples, active, strict=True)):
-        every = active[0] if len(active) == 1 else np.concatenate(active)
         train = np.concatenate([s.train for s in samples])[every]
         roll = np.concatenate([s.rollout for s in samples])[every]
     else:  # (numpy's own errors for arrays that do not fit their masks)
         train = np.concatenate([s.train[m] for s, m in zip(samples, active, strict=True)])
         roll = np.concatenate([s.rollout[m] for s, m in zip(samples, active, strict=True)])
-    return active, train, roll, lengths
+    return active, every, train, roll, lengths
 
 
 def _counts(lengths: np.ndarray, neq: np.ndarray, bits: np.ndarray, d: np.ndarray,
@@ -277,7 +277,7 @@ def compute(samples: Sequence[Sample],
     out = DriftMetrics(sample_count=len(samples), rank_count=len({s.rank for s in samples}))
     if not samples:
         return out
-    active, train, roll, lengths = _active(samples)
+    active, every, train, roll, lengths = _active(samples)
     n = int(train.size)
     out.active_token_count = n
     if n == 0:
@@ -325,7 +325,7 @@ def compute(samples: Sequence[Sample],
     if summary_only:
         return out
     # the worst tokens' scores: |delta|, inf where not finite (|d| when all are)
-    _worst(out, samples, active, lengths, d, neq, score)
+    _worst(out, samples, every, lengths, d, neq, score)
     return out
 
 
@@ -348,7 +348,7 @@ def log10_histogram(ascending: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _worst(
     out: DriftMetrics,
     samples: Sequence[Sample],
-    active: Sequence[np.ndarray],
+    every: np.ndarray,
     lengths: np.ndarray,
     d: np.ndarray,
     neq: np.ndarray,
@@ -362,11 +362,10 @@ def _worst(
     k = min(WORST_TOKENS, score.size)
     top = np.argpartition(-score, k - 1)[:k]
     top = top[np.argsort(-score[top], kind="stable")]
-    # an active token's position in its sample: its index among all samples' mask values,
-    # less its sample's start there
-    every = active[0] if len(active) == 1 else np.concatenate(active)
+    # an active token's position in its sample: its index among all samples' mask values
+    # (`every`), less its sample's start there
     where = np.flatnonzero(every)
-    sizes = np.array([m.size for m in active], dtype=np.int64)
+    sizes = np.array([s.mask.size for s in samples], dtype=np.int64)
     starts = np.cumsum(sizes) - sizes
     for flat in top.tolist():
         if score[flat] == 0:
