@@ -58,7 +58,11 @@ def rlk_matrix_cell(
 
 
 class MatrixItem(pytest.Function):
-    """One (hardware, module, case) cell."""
+    """One (hardware, module, case) cell: `matrix.toml::<hardware>::<module>[<case>]`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _structured_id(self)
 
     def reportinfo(self) -> tuple[Any, int, str]:
         return self.path, 0, f"{self.parent.name}::{self.name}"
@@ -79,6 +83,23 @@ class MatrixItem(pytest.Function):
                     lines.append(f"  run.log: {log}")
             return "\n".join(lines)
         return super().repr_failure(excinfo)
+
+
+def _structured_id(item: pytest.Item) -> None:
+    """Give the item the structured node id pytest 9 reads back from its own node id string.
+
+    pytest 9 keeps node ids as `NodeId(path, names, params)` and compares those, never strings.
+    Every id it reads back from text (the `--lf`/`--ff`/`--nf` and `--sw` caches, reports
+    from xdist workers) goes through `NodeId.parse`, which takes `[...]` for parametrization:
+    `attention[R/R]` reads as names `(..., "attention")`, params `"R/R"`, the id pytest itself
+    gives a function `attention` parametrized with id `R/R`. An item built from a plain name
+    would keep `names=(..., "attention[R/R]")`, `params=None`, and never match its own cached
+    id. pytest 8 compares the strings, which this leaves unchanged.
+    """
+    own = getattr(item, "_id", None)
+    parse = getattr(type(own), "parse", None)
+    if own is not None and callable(parse):
+        item._id = parse(str(own))  # type: ignore[attr-defined]
 
 
 class HardwareNode(pytest.Collector):

@@ -1,0 +1,66 @@
+"""The habits a pytest user relies on, with matrix cells (issue 47): failure-driven loops,
+a plugin inert where nobody asked for it, JUnit without warnings, pytest's words in the short
+summary, informational commands that write nothing, and reruns that compose.
+
+Every test here runs on pytest 8 and 9 (`tox -e pytest8,pytest9`; `.ci/run` runs this file
+under pytest 8 too), over the fake framework with the smallest matrix (the attention row).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import outcomes
+
+# The attention row's four cells, in collection order; `A-RP_F-RR_L-RR` is R/P's run.
+IDS = [f"matrix.toml::cpu::attention[{case}]" for case in ("R/R", "P/R", "R/P", "P/P")]
+RP_CRASH = {"FAKE_SCENARIO": "crash", "FAKE_ONLY_WHEN": "A-RP_F-RR_L-RR"}
+
+
+def _lastfailed(pytester: pytest.Pytester) -> dict[str, bool]:
+    path = pytester.path / ".pytest_cache" / "v" / "cache" / "lastfailed"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+# -- item 1: --lf / --ff / --sw ------------------------------------------------------------------
+
+
+def test_failure_loops(pytester: pytest.Pytester, make_matrix, tmp_path: Path) -> None:
+    make_matrix(modules='["attention"]', env=RP_CRASH)
+    first = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'r1'}", "-p", "no:randomly")
+    assert outcomes(first) == {"failed": 1, "passed": 3}
+    assert _lastfailed(pytester) == {IDS[2]: True}
+
+    # --lf: only the failed cell runs (pytest 9 once printed "1 known failures not in selected
+    # tests" and ran all four)
+    lf = pytester.runpytest("--lf", "-v", f"--rlk-matrix-root={tmp_path / 'r2'}")
+    assert outcomes(lf) == {"failed": 1}, lf.stdout.str()
+    lf.stdout.fnmatch_lines(["run-last-failure: rerun previous 1 failure*"])
+    assert "not in selected tests" not in lf.stdout.str()
+
+    # --ff: the failed cell first, then the others
+    ff = pytester.runpytest("--ff", "-v", f"--rlk-matrix-root={tmp_path / 'r3'}")
+    assert outcomes(ff) == {"failed": 1, "passed": 3}
+    order = [ln.split(" ")[0] for ln in ff.outlines if ln.startswith("matrix.toml::")]
+    assert order[0] == IDS[2], order
+
+    # --sw: stops at the failing cell, and the next --sw run starts from it
+    sw = pytester.runpytest("--sw", "-v", f"--rlk-matrix-root={tmp_path / 'r4'}")
+    assert outcomes(sw) == {"failed": 1, "passed": 2}
+    make_matrix(modules='["attention"]')  # the fault is fixed
+
+    # a passing --lf run clears the last-failed cache; the next --lf has nothing to rerun
+    fixed = pytester.runpytest("--lf", f"--rlk-matrix-root={tmp_path / 'r5'}")
+    assert outcomes(fixed) == {"passed": 1}
+    assert _lastfailed(pytester) == {}
+    again = pytester.runpytest("--lf", "--co")
+    again.stdout.fnmatch_lines(["run-last-failure: no previously failed tests, not deselecting*"])
+
+    # --sw carries on from the cell that failed
+    sw2 = pytester.runpytest("--sw", "-v", f"--rlk-matrix-root={tmp_path / 'r6'}")
+    assert "previously failed test not found" not in sw2.stdout.str()
+    sw2.stdout.fnmatch_lines(["stepwise: skipping 2 already passed items*"])
+    assert outcomes(sw2) == {"passed": 2}
+    assert [ln.split(" ")[0] for ln in sw2.outlines if ln.startswith("matrix.toml::")] == IDS[2:]
