@@ -104,8 +104,13 @@ def _ini_matrix(config: pytest.Config) -> str:
 
 
 def _no_matrix(config: pytest.Config, path: Path, explicit: bool) -> bool:
-    """No matrix file named and the default one absent: a session of another project."""
-    return not explicit and not _ini_matrix(config) and not path.exists()
+    """No matrix file named, and the default one absent or not an RL-Kernel matrix (another
+    project's `matrix.toml`): a session that did not ask for this plugin."""
+    if explicit or _ini_matrix(config):
+        return False
+    from pytest_rlkernel_matrix.spec.recognise import is_rlk_matrix
+
+    return not path.is_file() or not is_rlk_matrix(path)
 
 
 def _in_play(config: pytest.Config, path: Path) -> bool:
@@ -307,7 +312,8 @@ def progress_line(cell_id: str, elapsed: float, line: str, width: int) -> str:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto` on a GPU machine: floor(visible GPUs / gpus_per_cell) workers."""
     path, explicit = _matrix_path(config)
-    if not path.exists() or not (explicit or _in_play(config, path)):
+    if _no_matrix(config, path, explicit) or not path.exists() or not (
+            explicit or _in_play(config, path)):
         return None
     from pytest_rlkernel_matrix.integrations.xdist import auto_num_workers
 

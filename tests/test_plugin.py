@@ -168,7 +168,8 @@ def test_bad_matrix_file_is_a_one_paragraph_usage_error(
     pytester: pytest.Pytester, text: str, expected: str
 ) -> None:
     path = pytester.makefile(".toml", matrix=text)
-    result = pytester.runpytest()
+    # A file that is not TOML is not recognised as a matrix file unless named (issue 47)
+    result = pytester.runpytest(*(["--rlk-matrix=matrix.toml"] if "TOML" in expected else []))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert str(path) in err

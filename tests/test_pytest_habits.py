@@ -64,3 +64,41 @@ def test_failure_loops(pytester: pytest.Pytester, make_matrix, tmp_path: Path) -
     sw2.stdout.fnmatch_lines(["stepwise: skipping 2 already passed items*"])
     assert outcomes(sw2) == {"passed": 2}
     assert [ln.split(" ")[0] for ln in sw2.outlines if ln.startswith("matrix.toml::")] == IDS[2:]
+
+
+# -- item 2: inert where nobody asked ----------------------------------------------------------
+
+CI_MATRIX = '[matrix]\npython = ["3.11", "3.12"]\nos = ["linux"]\n\n[env]\nCI = "1"\n'
+
+
+def test_another_projects_matrix_toml_is_left_alone(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", matrix=CI_MATRIX)
+    pytester.makepyfile(test_c="def test_c():\n    assert True\n")
+    # a subprocess: a new user's own pytest session
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    assert result.parseoutcomes() == {"passed": 1}
+    text = "\n".join(ln for ln in result.outlines + result.errlines
+                     if not ln.startswith(("plugins: ", "rootdir: ")))
+    assert "rlk" not in text and "invalid matrix file" not in text, text
+    assert not (pytester.path / "outputs").exists()
+    # asked for by name (ini setting or option), the same file is the plugin's: its errors show
+    named = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "rlk_matrix=matrix.toml")
+    assert named.ret == pytest.ExitCode.USAGE_ERROR
+    named.stderr.fnmatch_lines(["*matrix.toml: invalid matrix file*"])
+
+
+def test_recognised_matrix_files() -> None:
+    from pytest_rlkernel_matrix.spec.recognise import is_rlk_matrix
+
+    root = Path(__file__).resolve().parents[1]
+    for path in [root / "matrix.toml", root / "pytest_rlkernel_matrix/templates/matrix.toml",
+                 *sorted((root / "examples").glob("*.toml"))]:
+        assert is_rlk_matrix(path), path
+
+
+def test_no_matrix_file_one_ordinary_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_c="def test_c():\n    assert True\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == 0 and outcomes(result) == {"passed": 1}
+    assert not (pytester.path / "outputs").exists()
