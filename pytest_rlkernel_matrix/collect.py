@@ -1,7 +1,7 @@
 """Collection: `matrix.toml` -> one collector per hardware -> one Function item per cell.
 
 Items are real `pytest.Function`s calling `rlk_matrix_cell`, so fixtures (overridable in a
-conftest), `record_property`, `-k`, `-m` and other plugins work as on any test.
+conftest), `user_properties`, `-k`, `-m` and other plugins work as on any test.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def rlk_matrix_cell(
     rlk_mode: str,
     rlk_preflight: dict[str, Any],
     rlk_artifact_dir: Any,
-    record_property: Any,
 ) -> None:
     """Run one matrix cell (or reuse the run it shares) and judge it under `rlk_mode`."""
     session = request.config.stash[SESSION_KEY]
@@ -49,12 +48,24 @@ def rlk_matrix_cell(
 
         record = internal_error_record(rlk_cell, rlk_mode, exc)
     request.node.stash[RECORD_KEY] = record
-    record_property("rlk_verdict", record["verdict"])
-    record_property("rlk_artifact_dir", record.get("artifact_dir"))
+    if testcase_properties(request.config):
+        request.node.user_properties.extend([("rlk_verdict", record["verdict"]),
+                                             ("rlk_artifact_dir", record.get("artifact_dir"))])
     if record["verdict"] == "not_run":
         pytest.skip(record["reasons"][0])
     if record["failed"]:
         raise CellFailed(record)
+
+
+def testcase_properties(config: pytest.Config) -> bool:
+    """May a cell carry JUnit `<testcase>` properties? Only in the xunit1 (legacy) family:
+    xunit2's schema has none, which is why pytest warns on `record_property` there. In xunit2
+    the verdicts go to `<testsuite>` properties instead (`plugin.junit_suite_property`)."""
+    try:
+        family = str(config.getini("junit_family"))
+    except ValueError:  # -p no:junitxml
+        return False
+    return family in ("xunit1", "legacy")
 
 
 class MatrixItem(pytest.Function):

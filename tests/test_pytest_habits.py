@@ -102,3 +102,38 @@ def test_no_matrix_file_one_ordinary_test(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == 0 and outcomes(result) == {"passed": 1}
     assert not (pytester.path / "outputs").exists()
+
+
+# -- item 3: JUnit without warnings, both families ---------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["xunit1", "xunit2"])
+def test_junit_without_warnings(pytester: pytest.Pytester, make_matrix, tmp_path: Path,
+                                family: str) -> None:
+    import xml.etree.ElementTree as ET
+
+    make_matrix(modules='["attention"]', env=RP_CRASH)
+    xml = tmp_path / "junit.xml"
+    # a subprocess: an in-process session warns that the plugin is imported already
+    result = pytester.runpytest_subprocess(
+        f"--rlk-matrix-root={tmp_path / 'root'}", "-k", "R/R or R/P",
+                                f"--junitxml={xml}", "-o", f"junit_family={family}",
+                                "-W", "error::pytest.PytestWarning", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "record_property" not in out and "PytestWarning" not in out, out
+    assert result.parseoutcomes() == {"passed": 1, "failed": 1, "deselected": 2}  # no warnings
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert (suite.get("failures"), suite.get("errors")) == ("1", "0")
+    props = {p.get("name"): p.get("value") for p in suite.find("properties").iter("property")}
+    assert props[f"rlk_verdict:{IDS[0]}"] == "valid" and props[f"rlk_verdict:{IDS[2]}"] == "error"
+    assert props["rlk_matrix_report"] == str(tmp_path / "root" / "matrix-report.json")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert "verdict error" in cases["attention[R/P]"].find("failure").get("message")
+    case_props = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+                  for c in suite.iter("testcase")}
+    if family == "xunit1":  # <testcase> properties exist in xunit1 only
+        assert case_props["attention[R/R]"]["rlk_verdict"] == "valid"
+        assert case_props["attention[R/P]"]["rlk_verdict"] == "error"
+    else:
+        assert case_props == {"attention[R/R]": {}, "attention[R/P]": {}}
