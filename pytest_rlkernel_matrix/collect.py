@@ -7,6 +7,7 @@ conftest), `user_properties`, `-k`, `-m` and other plugins work as on any test.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,17 +83,8 @@ class MatrixItem(pytest.Function):
         # pytest 9's Function.repr_failure takes no `style` (passing it was an INTERNALERROR
         # that ended the session with an empty report): accept it, never forward it.
         if isinstance(excinfo.value, CellFailed):
-            rec = excinfo.value.record
-            lines = [f"{rec['hardware']} {rec['module']} {rec['case']}: verdict "
-                     f"{rec['verdict']} (mode {rec.get('mode')})"]
-            lines += [f"  - {r}" for r in rec.get("reasons", [])]
-            if rec.get("artifact_dir"):
-                root = self.config.stash[SESSION_KEY].root
-                lines.append(f"  artifacts: {root / rec['artifact_dir']}")
-                log = failed_run_log(root, rec)
-                if log is not None:
-                    lines.append(f"  run.log: {log}")
-            return "\n".join(lines)
+            text = failure_text(excinfo.value.record, self.config.stash[SESSION_KEY].root)
+            return CellFailure(text, str(self.path))
         return super().repr_failure(excinfo)
 
 
@@ -144,6 +136,48 @@ class MatrixFileNode(pytest.File):
         session = self.config.stash[SESSION_KEY]
         for name in session.hardware:
             yield HardwareNode.from_parent(self, name=name)
+
+
+@dataclass(frozen=True)
+class CellCrash:
+    """Where and why, in the shape of pytest's `reprcrash` (its short summary and JUnit's
+    `<failure message>` read `.message`)."""
+
+    path: str
+    lineno: int
+    message: str
+
+
+class CellFailure:
+    """A failed cell's `longrepr`: its text, and the `<verdict>: <first reason>` line as the
+    crash message (pytest 8 takes the short summary's message only from `reprcrash`)."""
+
+    def __init__(self, text: str, path: str) -> None:
+        self.text = text
+        self.reprcrash = CellCrash(path, 0, text.split("\n", 1)[0])
+
+    def toterminal(self, tw: Any) -> None:
+        for line in self.text.split("\n"):
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def failure_text(rec: dict[str, Any], root: Path | None, note: str = "") -> str:
+    """A failed cell's report text. Its first line, `<verdict>: <first reason>`, is what pytest's
+    short summary (`FAILED <id> - fallback: ...`) and JUnit's `<failure message>` show."""
+    reasons = [str(r) for r in rec.get("reasons", [])]
+    lines = [f"{rec['verdict']}: {reasons[0] if reasons else '(no reason recorded)'}",
+             f"{rec['hardware']} {rec['module']} {rec['case']}: verdict {rec['verdict']} "
+             f"(mode {rec.get('mode')}){note}"]
+    lines += [f"  - {r}" for r in reasons]
+    if rec.get("artifact_dir") and root is not None:
+        lines.append(f"  artifacts: {root / rec['artifact_dir']}")
+        log = failed_run_log(root, rec)
+        if log is not None:
+            lines.append(f"  run.log: {log}")
+    return "\n".join(lines)
 
 
 def failed_run_log(root: Path, rec: dict[str, Any]) -> Path | None:

@@ -29,7 +29,7 @@ from pytest_rlkernel_matrix.spec.terms import LAYOUTS, MODES, plural
 
 if TYPE_CHECKING:
     from pytest_rlkernel_matrix.session import MatrixSession
-from pytest_rlkernel_matrix.collect import failed_run_log
+from pytest_rlkernel_matrix.collect import CellFailure, failed_run_log, failure_text
 
 PREFLIGHT_FILE = "preflight.json"
 
@@ -384,6 +384,22 @@ def _performance_lines(ms: MatrixSession) -> list[str]:
     return [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]
 
 
+class SummaryWords:
+    """Marks the time pytest writes its summaries (`summarizing`): there cells speak pytest's
+    words (`FAILED <id> - fallback: ...`), elsewhere their verdicts (`-v`: `FALLBACK`)."""
+
+    def __init__(self) -> None:
+        self.summarizing = False
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self) -> Any:
+        self.summarizing = True
+        try:
+            return (yield)
+        finally:
+            self.summarizing = False
+
+
 class MatrixHooks:
     """Hooks active only in sessions that collect a matrix file (registered per session)."""
 
@@ -393,6 +409,8 @@ class MatrixHooks:
         self.is_worker = hasattr(config, "workerinput")
         self.planned: list[pytest.Item] = []
         self.progress: Any = None  # report.progress.SessionProgress, on a terminal only
+        self.words = SummaryWords()
+        config.pluginmanager.register(self.words, "rlk-matrix-summary-words")
 
     def pytest_report_header(self) -> list[str]:
         probe = self.session.preflight.get("probe") or {}
@@ -441,6 +459,11 @@ class MatrixHooks:
                 report.rlk_verdict = record["verdict"]
                 report.rlk_record = record
                 item.add_marker(pytest.mark.rlk_verdict(record["verdict"]))
+                if report.skipped and isinstance(report.longrepr, tuple):
+                    # `-rs` names the cell (`SKIPPED [1] matrix.toml::cpu::ffn[R/R]: ...`),
+                    # not the line of this plugin that skipped it
+                    report.longrepr = (f"{item.path}::{item.parent.name}::{item.name}", None,
+                                       str(report.longrepr[2]))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -473,6 +496,10 @@ class MatrixHooks:
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         verdict = getattr(report, "rlk_verdict", None)
         if verdict is None or report.when != "call" or verdict == "not_run":
+            return None
+        if self.words.summarizing:
+            # The short test summary says FAILED/PASSED as for any test (log scrapers, `-rf`,
+            # `-rA`); the verdict leads the message: `FAILED <id> - fallback: <reason>`.
             return None
         # The category is pytest's own outcome (what the final line, pytest-json-report's
         # `outcome` and `summary`, and every consumer of the stats count): a cell that fails
@@ -591,13 +618,12 @@ class MatrixHooks:
             name = f"{rec['module']}[{rec['case']}]"
             nodeid = f"{file_id}::{rec['hardware']}::{name}"
             failed = bool(rec.get("failed"))
-            lines = [f"{rec['hardware']} {rec['module']} {rec['case']}: verdict "
-                     f"{rec['verdict']} (mode {rec.get('mode')}), recorded at session end"]
-            lines += [f"  - {r}" for r in rec.get("reasons", [])]
+            text = failure_text(rec, None, ", recorded at session end")
             report = pytest.TestReport(
                 nodeid=nodeid, location=(file_id, 0, f"{rec['hardware']}::{name}"),
                 keywords={}, outcome="failed" if failed else "passed",
-                longrepr="\n".join(lines) if failed else None, when="call")
+                longrepr=CellFailure(text, str(ms.matrix_path)) if failed else None,
+                when="call")
             report.rlk_verdict = rec["verdict"]  # type: ignore[attr-defined]
             verdict = str(rec["verdict"])
             self._count("skipped" if verdict == "not_run" else "failed" if failed else "passed",

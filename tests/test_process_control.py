@@ -154,8 +154,8 @@ def test_signal_to_pytest_stops_the_cell_and_records_it(
     assert report["summary"] == {"error": 1}
     final = [line for line in text.splitlines() if line.startswith("=") and " in " in line][-1]
     assert " 1 failed in " in final or " 1 failed, " in final, final
-    # counted as failed; the short summary shows the verdict's word
-    assert "ERROR matrix.toml::cpu::attention[R/R] - " in text, text
+    # counted as failed; the short summary says so in pytest's word, the verdict leads the message
+    assert "FAILED matrix.toml::cpu::attention[R/R] - error: " in text, text
 
 
 def test_one_session_per_matrix_root(pytester: pytest.Pytester, tmp_path: Path,

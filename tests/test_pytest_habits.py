@@ -129,7 +129,7 @@ def test_junit_without_warnings(pytester: pytest.Pytester, make_matrix, tmp_path
     assert props[f"rlk_verdict:{IDS[0]}"] == "valid" and props[f"rlk_verdict:{IDS[2]}"] == "error"
     assert props["rlk_matrix_report"] == str(tmp_path / "root" / "matrix-report.json")
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert "verdict error" in cases["attention[R/P]"].find("failure").get("message")
+    assert cases["attention[R/P]"].find("failure").get("message").startswith("error: exit code 1")
     case_props = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
                   for c in suite.iter("testcase")}
     if family == "xunit1":  # <testcase> properties exist in xunit1 only
@@ -137,3 +137,40 @@ def test_junit_without_warnings(pytester: pytest.Pytester, make_matrix, tmp_path
         assert case_props["attention[R/P]"]["rlk_verdict"] == "error"
     else:
         assert case_props == {"attention[R/R]": {}, "attention[R/P]": {}}
+
+
+# -- item 4 (and 7's -rs): the short summary in pytest's words ---------------------------------
+
+
+def test_short_summary_speaks_pytest(pytester: pytest.Pytester, make_matrix,
+                                     tmp_path: Path) -> None:
+    make_matrix(modules='["attention"]', mode="strict",
+                env={"FAKE_SCENARIO": "recorded_fallback"})
+    result = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'a'}", "-rA", "-v",
+                                "-p", "no:cacheprovider")
+    assert outcomes(result) == {"failed": 2, "passed": 2}
+    # -v keeps the verdict as the word; the short summary uses pytest's
+    assert any(ln.startswith(f"{IDS[1]} FALLBACK") for ln in result.outlines)
+    summary = result.outlines[result.outlines.index(
+        next(ln for ln in result.outlines if "short test summary info" in ln)) + 1:]
+    failed = [ln for ln in summary if ln.startswith("FAILED ")]
+    passed = [ln for ln in summary if ln.startswith("PASSED ")]
+    assert [ln.split(" ")[1] for ln in failed] == IDS[:2]
+    assert all(" - fallback: attention rollout: fall" in ln for ln in failed), failed
+    assert [ln.split(" ")[1] for ln in passed] == IDS[2:]
+    assert not [ln for ln in summary if ln.startswith(("ERROR", "FALLBACK", "VALID"))], summary
+    assert len(failed) == outcomes(result)["failed"] and len(passed) == outcomes(result)["passed"]
+
+    rf = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'b'}", "-rf", "-k", "P/R",
+                            "-p", "no:cacheprovider")
+    assert any(ln.startswith(f"FAILED {IDS[1]} - fallback: attention rollout")
+               for ln in rf.outlines), rf.stdout.str()
+    assert outcomes(rf) == {"failed": 1}
+
+    off = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'c'}", "--rlk-mode=off", "-rs",
+                             "-p", "no:cacheprovider")
+    assert outcomes(off) == {"passed": 1, "skipped": 3}
+    skips = [ln for ln in off.outlines if ln.startswith("SKIPPED ")]
+    assert [ln.split(": not run in off mode")[0] for ln in skips] == [
+        f"SKIPPED [1] {i}" for i in IDS[:3]], skips
+    assert "collect.py" not in off.stdout.str()
