@@ -132,7 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(path)]
     elif explicit and not _in_play(config, path):
         config.args.append(str(path))
-    if not _in_play(config, path):
+    if not _in_play(config, path) or _informs_only(config):
         return
     # Heavy imports (pydantic, numpy) only in sessions that run a matrix.
     from pytest_rlkernel_matrix.session import MatrixSession, default_root
@@ -155,8 +155,9 @@ def pytest_configure(config: pytest.Config) -> None:
         matrix = matrix.model_copy(update={
             "profile": matrix.profile.model_copy(update={"when": "always"})})
     plan = bool(config.getoption("rlk_plan"))
-    # --collect-only and --rlk-plan run nothing, so they write nothing either.
-    dry = plan or bool(config.getoption("collectonly"))
+    # Commands that only inform (--collect-only, --rlk-plan, --setup-plan, --fixtures-per-test)
+    # run no cell, so they write nothing either.
+    dry = plan or _informs(config)
     mode = config.getoption("rlk_mode") or matrix.matrix.mode
     layout = config.getoption("rlk_layout") or matrix.matrix.layout
     worker = getattr(config, "workerinput", None)
@@ -186,7 +187,10 @@ def pytest_configure(config: pytest.Config) -> None:
         undo: Callable[[], None] = lambda: None  # noqa: E731
         if not dry:
             # One session per matrix root, claimed before anything is written or probed.
-            undo = _claim_root(config, root)
+            auto = not (config.getoption("rlk_matrix_root") or os.environ.get("MATRIX_ROOT")
+                        or os.environ.get("MATRIX_STAMP"))
+            root, undo = _claim_fresh_root(config, root) if auto else (
+                root, _claim_root(config, root))
         try:
             for name in (PREFLIGHT_FILE, "matrix-report.json", "matrix-report.html"):
                 if not dry and (root / name).exists():
@@ -233,7 +237,41 @@ def pytest_configure(config: pytest.Config) -> None:
     json_report.install(config)
 
 
-def _claim_root(config: pytest.Config, root: Path) -> Callable[[], None]:
+INFORMATIONAL = ("collectonly", "setupplan", "setuponly", "show_fixtures_per_test")
+INFORMATIONAL_ONLY = ("help", "markers", "showfixtures", "version", "cacheshow")
+
+
+def _informs(config: pytest.Config) -> bool:
+    """A command that collects but runs no cell: the session is dry (writes nothing)."""
+    return any(config.getoption(name, False) for name in INFORMATIONAL)
+
+
+def _informs_only(config: pytest.Config) -> bool:
+    """A command that needs no cell at all (`--help`, `--markers`, `--fixtures`, `--version`,
+    `--cache-show`): no matrix session, no preflight."""
+    return any(config.getoption(name, False) for name in INFORMATIONAL_ONLY)
+
+
+def _claim_fresh_root(config: pytest.Config, root: Path) -> tuple[Path, Callable[[], None]]:
+    """The default root (`ablation-matrix-<stamp>`) or, when a session started in the same
+    second holds it or used it, the first free `<stamp>-2`, `<stamp>-3`, ...: default roots
+    never collide. Returns the root claimed and its undo."""
+    from pytest_rlkernel_matrix.run.rootlock import RootBusy
+
+    for n in range(1, 100):
+        candidate = root if n == 1 else root.with_name(f"{root.name}-{n}")
+        if any((candidate / name).exists() for name in (PREFLIGHT_FILE, "matrix-report.json")):
+            continue
+        try:
+            return candidate, _claim_root(config, candidate, busy=RootBusy)
+        except RootBusy:
+            continue
+    raise pytest.UsageError(f"{root}: 99 sessions hold or used this default matrix root and "
+                            "its numbered siblings; pass --rlk-matrix-root")
+
+
+def _claim_root(config: pytest.Config, root: Path,
+                busy: type[Exception] | None = None) -> Callable[[], None]:
     """Take `root`'s session lock (a usage error naming the root when it is busy, a file, under
     a file or not writable). Returns the undo for a session that stops before it begins: it
     removes only what this session created (its preflight-raw/, the lock file, the root and
@@ -257,6 +295,8 @@ def _claim_root(config: pytest.Config, root: Path) -> Callable[[], None]:
                 folder.rmdir()
             except OSError:
                 break
+        if busy is not None and isinstance(exc, busy):
+            raise  # the caller tries the next default root
         raise pytest.UsageError(str(exc)) from None
     config.add_cleanup(lock.release)
 

@@ -174,3 +174,59 @@ def test_short_summary_speaks_pytest(pytester: pytest.Pytester, make_matrix,
     assert [ln.split(": not run in off mode")[0] for ln in skips] == [
         f"SKIPPED [1] {i}" for i in IDS[:3]], skips
     assert "collect.py" not in off.stdout.str()
+
+
+# -- item 5: informational commands write nothing; default roots never collide -----------------
+
+
+@pytest.mark.parametrize("args", [["--co", "-q"], ["--collect-only"], ["--rlk-plan"],
+                                  ["--setup-plan"], ["--fixtures-per-test"], ["--help"],
+                                  ["--markers"], ["--fixtures"], ["--version"]])
+def test_informational_commands_write_nothing(pytester: pytest.Pytester, make_matrix,
+                                              args: list[str]) -> None:
+    make_matrix(modules='["attention"]')
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    written = sorted(str(p.relative_to(pytester.path)) for p in pytester.path.rglob("*")
+                     if p.name != "matrix.toml" and ".benchmarks" not in p.parts)
+    assert written == [], written
+    text = result.stdout.str()
+    if args[0] in ("--help", "--markers", "--fixtures", "--version"):
+        # no matrix session at all: no preflight probe, no header line
+        assert "preflight probe" not in text, text
+    if args[0] == "--markers":
+        assert "@pytest.mark.rlk_case(case)" in text
+    if args[0] in ("--co", "--collect-only", "--fixtures-per-test"):
+        assert IDS[0] in text or "attention[R/R]" in text, text
+
+
+def test_two_sessions_started_together_get_their_own_roots(
+        pytester: pytest.Pytester, make_matrix, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    from datetime import UTC, datetime, timedelta
+
+    from pytest_rlkernel_matrix.session import utc_stamp
+
+    make_matrix(modules='["attention"]')
+    base = pytester.path / "outputs" / "rlkernel"
+    # Roots that earlier sessions used for each second of the next two minutes: whatever second
+    # the two sessions start in, both must step past the used one, and past each other.
+    now = datetime.now(UTC)
+    used = [base / f"ablation-matrix-{utc_stamp(now + timedelta(seconds=s))}"
+            for s in range(-2, 120)]
+    for root in used:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "preflight.json").write_text("{}")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MATRIX_ROOT", "MATRIX_STAMP", "PYTEST_ADDOPTS")}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-k", "R/R"]
+    procs = [subprocess.Popen(cmd, cwd=pytester.path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    roots = {r.parent for r in base.glob("*/matrix-report.json")}
+    assert len(roots) == 2, (sorted(roots), outs)
+    assert all("-" in r.name.rsplit("Z", 1)[1] for r in roots), roots  # <stamp>-2, -3, ...
+    assert all(sorted(p.name for p in r.iterdir()) == ["preflight.json"] for r in used)
