@@ -8,6 +8,8 @@
 - `rlk-matrix table <matrix-report.json>`: drift and phase times per cell as a markdown table;
 - `rlk-matrix merge a.json b.json [...] -o out.json`: reports from different hardware side by side
   (never a ratio across hardware, builds or topologies);
+- `rlk-matrix latest <rerun-root> [-o out.json]`: the whole matrix after reruns (`--lf`, `-k`):
+  each cell's latest verdict and the root it came from, following each report's `rerun_of`;
 - `rlk-matrix compare old.json new.json [thresholds]`: per-cell changes; exit 1 past a threshold;
 - `rlk-matrix init [DIR] [--engines]`: write a starter `DIR/matrix.toml` (the repo's `matrix.toml`,
   or with `--engines` its `examples/engines.toml`, shipped in the package); never overwrites.
@@ -410,6 +412,31 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _latest(args: argparse.Namespace) -> int:
+    from pytest_rlkernel_matrix.report.html import write_html
+    from pytest_rlkernel_matrix.report.merge import MergeError
+    from pytest_rlkernel_matrix.report.rerun import chain, latest, render
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+
+    try:
+        reports = chain(Path(args.root))
+        combined = latest(reports)
+    except MergeError as exc:
+        print(f"rlk-matrix: {exc}", file=sys.stderr)
+        return 2
+    print("reports (oldest first): " + ", ".join(str(p) for p, _ in reports))
+    print("\n".join(render(combined)))
+    if args.output:
+        out = Path(args.output)
+        if out.exists():
+            print(f"rlk-matrix: {out} exists; artifacts are never overwritten", file=sys.stderr)
+            return 2
+        write_json_atomic(out, combined)
+        write_html(combined, out.with_suffix(".html"))
+    print(f"latest: {summary_line(combined, Path(args.output or args.root))}")
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     from pytest_rlkernel_matrix.report.compare import Thresholds, compare_reports, render
     from pytest_rlkernel_matrix.report.merge import MergeError, load_report
@@ -540,6 +567,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--allow-duplicates", action="store_true",
                    help="keep a (hardware, module, case) found in several inputs")
     m.set_defaults(func=_merge)
+    lt = sub.add_parser("latest", help="the whole matrix after reruns: each cell's latest "
+                        "verdict and the root it came from (follows each report's rerun_of)")
+    lt.add_argument("root", help="the last rerun's matrix root (or its matrix-report.json)")
+    lt.add_argument("-o", "--output", default=None,
+                    help="also write the combined report there (and its .html)")
+    lt.set_defaults(func=_latest)
     c = sub.add_parser("compare", help="per-cell changes old -> new; exit 1 past a threshold")
     c.add_argument("old")
     c.add_argument("new")

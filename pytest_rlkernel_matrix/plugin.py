@@ -217,6 +217,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                         "build_fingerprint": build_fp}
             if not dry:
                 session.write_json(root / PREFLIGHT_FILE, data)
+                session.selection = _selection(config, session)
         except BaseException:
             undo()  # a usage error (or worse) before the session began leaves nothing behind
             raise
@@ -250,6 +251,55 @@ def _informs_only(config: pytest.Config) -> bool:
     """A command that needs no cell at all (`--help`, `--markers`, `--fixtures`, `--version`,
     `--cache-show`): no matrix session, no preflight."""
     return any(config.getoption(name, False) for name in INFORMATIONAL_ONLY)
+
+
+ROOTS_CACHE = "rlk_matrix/roots"  # pytest cache: matrix file -> the root of its last session
+
+
+def _selection(config: pytest.Config, ms: MatrixSession) -> dict[str, Any]:
+    """What this session selects of the whole matrix, and the root it reruns cells of (the last
+    session's over this matrix file, from pytest's cache) when it selects a subset."""
+    from pytest_rlkernel_matrix.spec.cells import expand, expand_factors
+
+    opt = config.option
+    by = [flag for flag, on in (("--lf", getattr(opt, "lf", False)),
+                                ("--sw", getattr(opt, "stepwise", False))) if on]
+    if getattr(opt, "keyword", ""):
+        by.append(f"-k {opt.keyword}")
+    if getattr(opt, "markexpr", ""):
+        by.append(f"-m {opt.markexpr}")
+    by += [f"--deselect {d}" for d in getattr(opt, "deselect", None) or []]
+    by += [arg for arg in config.args if "::" in arg]
+    m = ms.matrix
+    cells = [*expand(m.matrix, ms.hardware, ms.layout, ms.mode),
+             *expand_factors(m.factors, m.matrix, ms.hardware)]
+    cache = getattr(config, "cache", None)
+    earlier = (cache.get(ROOTS_CACHE, {}) if cache is not None else {}).get(str(ms.matrix_path))
+    return {"by": by, "matrix_cells": [f"{c.hardware}::{c.name}" for c in cells],
+            "rerun_of": earlier if by and earlier and earlier != str(ms.root) else None}
+
+
+def _remember_root(config: pytest.Config, ms: MatrixSession) -> None:
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        roots = dict(cache.get(ROOTS_CACHE, {}))
+        roots[str(ms.matrix_path)] = str(ms.root)
+        cache.set(ROOTS_CACHE, roots)
+
+
+def _write_latest(ms: MatrixSession) -> Path | None:
+    """A rerun's whole matrix: each cell's latest verdict across it and the roots it reran."""
+    from pytest_rlkernel_matrix.report.merge import MergeError
+    from pytest_rlkernel_matrix.report.rerun import LATEST_FILE, chain, latest
+    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+
+    try:
+        combined = latest(chain(ms.root))
+    except MergeError:  # an earlier root gone or unreadable: this report still stands
+        return None
+    path = ms.root / LATEST_FILE
+    write_json_atomic(path, combined)
+    return path
 
 
 def _claim_fresh_root(config: pytest.Config, root: Path) -> tuple[Path, Callable[[], None]]:
@@ -606,6 +656,14 @@ class MatrixHooks:
         from pytest_rlkernel_matrix.report.html import HTML_FILE
 
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
+        from pytest_rlkernel_matrix.report.rerun import LATEST_FILE
+
+        if ms.selection is not None and ms.selection.get("rerun_of"):
+            tr.write_line(f"rerun of {ms.selection['rerun_of']}: "
+                          f"{plural(len(ms.records), 'cell')} rerun "
+                          f"({', '.join(ms.selection['by']) or 'a subset'})")
+            if (ms.root / LATEST_FILE).is_file():
+                tr.write_line(f"whole matrix, each cell's latest verdict: {ms.root / LATEST_FILE}")
         tr.write_line(f"matrix report (HTML): {ms.root / HTML_FILE}")
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tears its workers down
@@ -640,6 +698,9 @@ class MatrixHooks:
 
             refresh(ms)  # the measured runs ran after the items reported
             ms.write_report()
+            if ms.selection is not None and ms.selection.get("rerun_of"):
+                _write_latest(ms)
+        _remember_root(self.config, ms)
         junit_suite_property(self.config, "rlk_matrix_report", ms.root / "matrix-report.json")
         self._count_recovered([ms.records[k] for k in ms.records if k not in before])
 

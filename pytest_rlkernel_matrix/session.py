@@ -119,6 +119,7 @@ class MatrixSession:
     canonical: dict[str, Cell] = field(default_factory=dict)
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     expected_cells: int = 0
+    selection: dict[str, Any] | None = None  # report.rerun.apply_selection (set by the plugin)
     interrupted: bool = False
     progress: Callable[[Cell, float, str], None] | None = None
     progress_every: float = 30.0
@@ -640,6 +641,10 @@ class MatrixSession:
             created=self.created, expected_cells=self.expected_cells,
             interrupted=self.interrupted,
         )
+        if self.selection is not None:  # a rerun or subset: what it ran, of which root
+            from pytest_rlkernel_matrix.report.rerun import apply_selection
+
+            apply_selection(report, self.selection, list(self.records))
         path = self.root / REPORT_FILE
         report = self.scrubber.obj(report)
         write_json_atomic(path, report)

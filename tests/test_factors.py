@@ -156,7 +156,9 @@ def test_factor_cells_on_cpu(pytester: pytest.Pytester, tmp_path: Path) -> None:
                                            "-p", "no:cacheprovider", "-m", "rlk_factor")
     report = json.loads((root / "matrix-report.json").read_text())
     assert result.ret == 0, result.stdout.str()[-3000:]
-    assert report["complete"] and report["expected_cells"] == 7  # 5 factor cells + 2 baselines
+    assert report["expected_cells"] == 7  # 5 factor cells + 2 baselines
+    # -m selects the factor cells only: not the whole matrix (issue 47)
+    assert not report["complete"] and report["selection"]["by"] == ["-m rlk_factor"]
     words = {(a["factor"], a["variant"]): a["conclusion"] for a in report["factor_attribution"]}
     cells = {c["artifact_dir"].split("/")[-1]: c for c in report["cells"]}
     one_rr = cells["factor-rollout_batch-one-rr"]["factor"]["comparison"]

@@ -230,3 +230,49 @@ def test_two_sessions_started_together_get_their_own_roots(
     assert len(roots) == 2, (sorted(roots), outs)
     assert all("-" in r.name.rsplit("Z", 1)[1] for r in roots), roots  # <stamp>-2, -3, ...
     assert all(sorted(p.name for p in r.iterdir()) == ["preflight.json"] for r in used)
+
+
+# -- item 6: reruns compose ----------------------------------------------------------------------
+
+
+def test_a_rerun_composes_with_its_first_run(pytester: pytest.Pytester, make_matrix,
+                                             tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    make_matrix(modules='["attention"]', env=RP_CRASH)
+    first, rerun, subset = tmp_path / "first", tmp_path / "rerun", tmp_path / "subset"
+    pytester.runpytest(f"--rlk-matrix-root={first}")
+    one = json.loads((first / "matrix-report.json").read_text())
+    assert one["complete"] is True and one["summary"] == {"error": 1, "valid": 3}
+    assert "selection" in one and one["selection"]["rerun_of"] is None
+
+    make_matrix(modules='["attention"]')  # fixed: --lf reruns the failed cell
+    result = pytester.runpytest("--lf", f"--rlk-matrix-root={rerun}")
+    assert outcomes(result) == {"passed": 1}
+    two = json.loads((rerun / "matrix-report.json").read_text())
+    sel = two["selection"]
+    assert two["complete"] is False and sel["by"] == ["--lf"]
+    assert sel["rerun_of"] == str(first) and sel["reran"] == ["cpu::attention[R/P]"]
+    assert sel["missing"] == ["cpu::attention[R/R]", "cpu::attention[P/R]", "cpu::attention[P/P]"]
+    result.stdout.fnmatch_lines([f"rerun of {first}: 1 cell rerun (--lf)",
+                                 "whole matrix, each cell's latest verdict: *latest.json"])
+    # the rerun's own combined report, and the command that gives the same
+    whole = json.loads((rerun / "matrix-report.latest.json").read_text())
+    verdicts = {(c["case"], c["verdict"], c["from"]) for c in whole["cells"]}
+    assert verdicts == {("R/R", "valid", str(first)), ("P/R", "valid", str(first)),
+                        ("R/P", "valid", str(rerun)), ("P/P", "valid", str(first))}
+    assert whole["complete"] is True and whole["summary"] == {"valid": 4}
+    cli = subprocess.run([sys.executable, "-m", "pytest_rlkernel_matrix.cli", "latest",
+                          str(rerun), "-o", str(tmp_path / "whole.json")],
+                         capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    assert f"cpu::attention[R/P]  valid  from {rerun}" in cli.stdout
+    assert f"cpu::attention[R/R]  valid  from {first}" in cli.stdout
+    assert json.loads((tmp_path / "whole.json").read_text())["summary"] == {"valid": 4}
+
+    # a -k subset is not the whole matrix
+    pytester.runpytest("-k", "R/R", f"--rlk-matrix-root={subset}")
+    three = json.loads((subset / "matrix-report.json").read_text())
+    assert three["complete"] is False and three["selection"]["by"] == ["-k R/R"]
+    assert three["selection"]["rerun_of"] == str(rerun)
