@@ -534,11 +534,14 @@ class MatrixHooks:
                 hook(config=self.config, cell=cell, env=env)
 
             ms.submit_ahead(cells, ms.mode, env_hook)
-        if not (ms.plan or self.is_worker or ms.dry) and cells:
-            from pytest_rlkernel_matrix.report.progress import SessionProgress, on_terminal
+        # The bar's line per cell only under -v, where pytest writes a line per item too: in
+        # the default mode it would break pytest's row of dots (whose [ 25%] is the progress).
+        verbose = self.config.get_verbosity() >= 1
+        if not (ms.plan or self.is_worker or ms.dry) and cells and verbose:
+            from pytest_rlkernel_matrix.report import progress
 
-            if on_terminal(sys.stdout, sys.stderr):
-                self.progress = SessionProgress(len(cells))
+            if progress.on_terminal(sys.stdout, sys.stderr):
+                self.progress = progress.SessionProgress(len(cells))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item) -> Any:
@@ -556,6 +559,7 @@ class MatrixHooks:
                                        str(report.longrepr[2]))
         return report
 
+    @pytest.hookimpl(trylast=True)  # the bar's line after pytest's own line of the item
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "rlk_record", None)
         if record is None or self.is_worker:

@@ -276,3 +276,39 @@ def test_a_rerun_composes_with_its_first_run(pytester: pytest.Pytester, make_mat
     three = json.loads((subset / "matrix-report.json").read_text())
     assert three["complete"] is False and three["selection"]["by"] == ["-k R/R"]
     assert three["selection"]["rerun_of"] == str(rerun)
+
+
+# -- item 7: the progress bar and pytest's dots ----------------------------------------------------
+
+
+def test_progress_bar_keeps_pytests_row_of_dots(pytester: pytest.Pytester, make_matrix,
+                                                tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.report import progress
+
+    monkeypatch.setattr(progress, "on_terminal", lambda *a, **k: True)  # as on a terminal
+    make_matrix(modules='["attention"]')
+    quiet = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'a'}", "-p", "no:cacheprovider")
+    assert outcomes(quiet) == {"passed": 4}
+    rows = [ln for ln in quiet.outlines if ln.startswith("matrix.toml")]
+    assert len(rows) == 1 and rows[0].startswith("matrix.toml ....") and "[100%]" in rows[0]
+    assert not [ln for ln in quiet.outlines if ln.startswith("rlk cells")]
+    verbose = pytester.runpytest(f"--rlk-matrix-root={tmp_path / 'b'}", "-v",
+                                 "-p", "no:cacheprovider")
+    lines = verbose.outlines
+    items = [i for i, ln in enumerate(lines) if ln.startswith("matrix.toml::")]
+    bars = [i for i, ln in enumerate(lines) if ln.startswith("rlk cells")]
+    assert len(items) == 4 and len(bars) == 4, lines
+    assert all(lines[i].rstrip().endswith("%]") for i in items), lines  # whole item lines
+    assert [b - 1 for b in bars] == items  # each bar line right after its item's line
+
+
+def test_option_group_is_the_one_the_readme_names(pytester: pytest.Pytester) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (title,) = re.findall(r'`pytest --help` lists them under "([^"]+)"', readme)
+    result = pytester.runpytest("--help")
+    lines = result.outlines
+    head = lines.index(f"{title}:")
+    assert lines[head + 1].lstrip().startswith("--rlk-matrix"), lines[head:head + 3]

@@ -3,9 +3,10 @@
 A bar is drawn only when both stdout and stderr are terminals and the environment is not a CI
 job (`CI` set to anything but "" / "0" / "false"): a CI log, a redirected run, a pipe and an
 xdist worker (whose output is not a terminal the user reads; the controller draws) get nothing.
-`rlk-matrix report` draws a live tqdm bar on stderr; a pytest session prints one tqdm-formatted
-line through pytest's terminal writer after each cell's record (a live bar would overwrite the
-lines pytest writes itself). tqdm is imported only when a bar is drawn.
+`rlk-matrix report` draws a live tqdm bar on stderr; a pytest session run with `-v` prints one
+tqdm-formatted line through pytest's terminal writer after each cell's own line (a live bar would
+overwrite the lines pytest writes itself; without `-v` nothing is added to pytest's row of dots,
+whose `[ 25%]` is the progress). tqdm is imported only when a bar is drawn.
 """
 
 from __future__ import annotations
