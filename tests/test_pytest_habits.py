@@ -312,3 +312,22 @@ def test_option_group_is_the_one_the_readme_names(pytester: pytest.Pytester) -> 
     lines = result.outlines
     head = lines.index(f"{title}:")
     assert lines[head + 1].lstrip().startswith("--rlk-matrix"), lines[head:head + 3]
+
+
+def test_docs_show_final_lines_pytest_prints() -> None:
+    """Every final line the docs quote counts pytest's outcomes, never a verdict."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    words = {"failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warning",
+             "warnings", "error", "errors", "cell planned", "cells planned", "subtests passed",
+             "subtests failed", "rerun"}
+    final = re.compile(r"^=+ (.*) in [0-9.]+s(?: \([0-9:]+\))? =+$")
+    bad = []
+    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            m = final.match(line)
+            if m and any(part.strip().split(" ", 1)[1] not in words
+                         for part in m.group(1).split(",")):
+                bad.append(f"{path.relative_to(root)}:{n}: {line}")
+    assert bad == []
