@@ -24,6 +24,7 @@ from pytest_rlkernel_matrix.collect import (
     MatrixItem,
 )
 from pytest_rlkernel_matrix.hardware import asked, check_names, select_hardware
+from pytest_rlkernel_matrix.integrations import pytest_core as core
 from pytest_rlkernel_matrix.spec.cells import Cell
 from pytest_rlkernel_matrix.spec.terms import LAYOUTS, MODES, plural
 
@@ -132,7 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(path)]
     elif explicit and not _in_play(config, path):
         config.args.append(str(path))
-    if not _in_play(config, path) or _informs_only(config):
+    if not _in_play(config, path) or core.informs_only(config):
         return
     # Heavy imports (pydantic, numpy) only in sessions that run a matrix.
     from pytest_rlkernel_matrix.session import MatrixSession, default_root
@@ -157,7 +158,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plan = bool(config.getoption("rlk_plan"))
     # Commands that only inform (--collect-only, --rlk-plan, --setup-plan, --fixtures-per-test)
     # run no cell, so they write nothing either.
-    dry = plan or _informs(config)
+    dry = plan or core.informs(config)
     mode = config.getoption("rlk_mode") or matrix.matrix.mode
     layout = config.getoption("rlk_layout") or matrix.matrix.layout
     worker = getattr(config, "workerinput", None)
@@ -217,7 +218,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                         "build_fingerprint": build_fp}
             if not dry:
                 session.write_json(root / PREFLIGHT_FILE, data)
-                session.selection = _selection(config, session)
+                session.selection = core.selection(config, session)
         except BaseException:
             undo()  # a usage error (or worse) before the session began leaves nothing behind
             raise
@@ -236,70 +237,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     pytest_html.install(config)
     json_report.install(config)
-
-
-INFORMATIONAL = ("collectonly", "setupplan", "setuponly", "show_fixtures_per_test")
-INFORMATIONAL_ONLY = ("help", "markers", "showfixtures", "version", "cacheshow")
-
-
-def _informs(config: pytest.Config) -> bool:
-    """A command that collects but runs no cell: the session is dry (writes nothing)."""
-    return any(config.getoption(name, False) for name in INFORMATIONAL)
-
-
-def _informs_only(config: pytest.Config) -> bool:
-    """A command that needs no cell at all (`--help`, `--markers`, `--fixtures`, `--version`,
-    `--cache-show`): no matrix session, no preflight."""
-    return any(config.getoption(name, False) for name in INFORMATIONAL_ONLY)
-
-
-ROOTS_CACHE = "rlk_matrix/roots"  # pytest cache: matrix file -> the root of its last session
-
-
-def _selection(config: pytest.Config, ms: MatrixSession) -> dict[str, Any]:
-    """What this session selects of the whole matrix, and the root it reruns cells of (the last
-    session's over this matrix file, from pytest's cache) when it selects a subset."""
-    from pytest_rlkernel_matrix.spec.cells import expand, expand_factors
-
-    opt = config.option
-    by = [flag for flag, on in (("--lf", getattr(opt, "lf", False)),
-                                ("--sw", getattr(opt, "stepwise", False))) if on]
-    if getattr(opt, "keyword", ""):
-        by.append(f"-k {opt.keyword}")
-    if getattr(opt, "markexpr", ""):
-        by.append(f"-m {opt.markexpr}")
-    by += [f"--deselect {d}" for d in getattr(opt, "deselect", None) or []]
-    by += [arg for arg in config.args if "::" in arg]
-    m = ms.matrix
-    cells = [*expand(m.matrix, ms.hardware, ms.layout, ms.mode),
-             *expand_factors(m.factors, m.matrix, ms.hardware)]
-    cache = getattr(config, "cache", None)
-    earlier = (cache.get(ROOTS_CACHE, {}) if cache is not None else {}).get(str(ms.matrix_path))
-    return {"by": by, "matrix_cells": [f"{c.hardware}::{c.name}" for c in cells],
-            "rerun_of": earlier if by and earlier and earlier != str(ms.root) else None}
-
-
-def _remember_root(config: pytest.Config, ms: MatrixSession) -> None:
-    cache = getattr(config, "cache", None)
-    if cache is not None:
-        roots = dict(cache.get(ROOTS_CACHE, {}))
-        roots[str(ms.matrix_path)] = str(ms.root)
-        cache.set(ROOTS_CACHE, roots)
-
-
-def _write_latest(ms: MatrixSession) -> Path | None:
-    """A rerun's whole matrix: each cell's latest verdict across it and the roots it reran."""
-    from pytest_rlkernel_matrix.report.merge import MergeError
-    from pytest_rlkernel_matrix.report.rerun import LATEST_FILE, chain, latest
-    from pytest_rlkernel_matrix.store.atomic import write_json_atomic
-
-    try:
-        combined = latest(chain(ms.root))
-    except MergeError:  # an earlier root gone or unreadable: this report still stands
-        return None
-    path = ms.root / LATEST_FILE
-    write_json_atomic(path, combined)
-    return path
 
 
 def _claim_fresh_root(config: pytest.Config, root: Path) -> tuple[Path, Callable[[], None]]:
@@ -474,22 +411,6 @@ def _performance_lines(ms: MatrixSession) -> list[str]:
     return [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]
 
 
-class SummaryWords:
-    """Marks the time pytest writes its summaries (`summarizing`): there cells speak pytest's
-    words (`FAILED <id> - fallback: ...`), elsewhere their verdicts (`-v`: `FALLBACK`)."""
-
-    def __init__(self) -> None:
-        self.summarizing = False
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_terminal_summary(self) -> Any:
-        self.summarizing = True
-        try:
-            return (yield)
-        finally:
-            self.summarizing = False
-
-
 class MatrixHooks:
     """Hooks active only in sessions that collect a matrix file (registered per session)."""
 
@@ -499,7 +420,7 @@ class MatrixHooks:
         self.is_worker = hasattr(config, "workerinput")
         self.planned: list[pytest.Item] = []
         self.progress: Any = None  # report.progress.SessionProgress, on a terminal only
-        self.words = SummaryWords()
+        self.words = core.SummaryWords()
         config.pluginmanager.register(self.words, "rlk-matrix-summary-words")
 
     def pytest_report_header(self) -> list[str]:
@@ -565,7 +486,8 @@ class MatrixHooks:
         if record is None or self.is_worker:
             return
         self.session.add_record(report.nodeid, record)
-        junit_suite_property(self.config, f"rlk_verdict:{report.nodeid}", record["verdict"])
+        core.junit_suite_property(self.config, f"rlk_verdict:{report.nodeid}",
+                                  record["verdict"])
         self.config.hook.pytest_rlk_cell_record(config=self.config, record=record)
         self.session.write_report()
         reporter = self.config.pluginmanager.getplugin("terminalreporter")
@@ -660,15 +582,9 @@ class MatrixHooks:
         from pytest_rlkernel_matrix.report.html import HTML_FILE
 
         tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
-        from pytest_rlkernel_matrix.report.rerun import LATEST_FILE
-
-        if ms.selection is not None and ms.selection.get("rerun_of"):
-            tr.write_line(f"rerun of {ms.selection['rerun_of']}: "
-                          f"{plural(len(ms.records), 'cell')} rerun "
-                          f"({', '.join(ms.selection['by']) or 'a subset'})")
-            if (ms.root / LATEST_FILE).is_file():
-                tr.write_line(f"whole matrix, each cell's latest verdict: {ms.root / LATEST_FILE}")
         tr.write_line(f"matrix report (HTML): {ms.root / HTML_FILE}")
+        for line in core.rerun_lines(ms):
+            tr.write_line(line)
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tears its workers down
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -703,9 +619,10 @@ class MatrixHooks:
             refresh(ms)  # the measured runs ran after the items reported
             ms.write_report()
             if ms.selection is not None and ms.selection.get("rerun_of"):
-                _write_latest(ms)
-        _remember_root(self.config, ms)
-        junit_suite_property(self.config, "rlk_matrix_report", ms.root / "matrix-report.json")
+                core.write_latest(ms)
+        core.remember_root(self.config, ms)
+        core.junit_suite_property(self.config, "rlk_matrix_report",
+                                  ms.root / "matrix-report.json")
         self._count_recovered([ms.records[k] for k in ms.records if k not in before])
 
     def _count(self, key: str, entries: list[Any]) -> None:
@@ -733,18 +650,6 @@ class MatrixHooks:
             verdict = str(rec["verdict"])
             self._count("skipped" if verdict == "not_run" else "failed" if failed else "passed",
                         [report])
-
-
-def junit_suite_property(config: pytest.Config, name: str, value: object) -> None:
-    """A `<testsuite>` property of `--junitxml` (what `record_testsuite_property` writes: valid
-    in xunit1 and xunit2), added on the controller, so it works under xdist too."""
-    try:
-        from _pytest.junitxml import xml_key
-    except ImportError:  # pragma: no cover - pytest moved it: the verdicts stay in the failures
-        return
-    xml = config.stash.get(xml_key, None)
-    if xml is not None:
-        xml.add_global_property(name, value)
 
 
 # -- fixtures -------------------------------------------------------------------------------------
