@@ -644,7 +644,7 @@ class MatrixSession:
         if self.selection is not None:  # a rerun or subset: what it ran, of which root
             from pytest_rlkernel_matrix.report.rerun import apply_selection
 
-            apply_selection(report, self.selection, list(self.records))
+            apply_selection(report, self.selection)
         path = self.root / REPORT_FILE
         report = self.scrubber.obj(report)
         write_json_atomic(path, report)

@@ -264,8 +264,8 @@ def test_session_progress_on_a_terminal_and_silent_in_a_log_or_ci(
     make_matrix(modules='["attention"]')
     env = {k: v for k, v in os.environ.items() if k != "CI"}
 
-    def session(root: str, *, tty: bool, ci: bool = False) -> str:
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+    def session(root: str, *, tty: bool, ci: bool = False, verbose: bool = False) -> str:
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v" if verbose else "-q",
                f"--rlk-matrix-root={tmp_path / root}", "-k", "R/R or P/R"]
         run_env = {**env, "CI": "true"} if ci else env
         if tty:  # script(1) gives the session a pseudo-terminal for stdout and stderr
@@ -277,9 +277,11 @@ def test_session_progress_on_a_terminal_and_silent_in_a_log_or_ci(
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return out.stdout + out.stderr
 
-    shown = session("tty", tty=True)
+    shown = session("tty", tty=True, verbose=True)
     assert "rlk cells" in shown and "1/2" in shown and "2/2" in shown
     assert "cpu attention P/R: valid" in shown
+    # without -v the bar would break pytest's row of dots: pytest's [100%] is the progress
+    assert "rlk cells" not in session("tty-quiet", tty=True)
     assert "rlk cells" not in session("log", tty=False)
     assert "rlk cells" not in session("ci", tty=True, ci=True)
 

@@ -419,6 +419,10 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
         interrupted=bool(old.get("interrupted", False)),
         memo=root / cache.CACHE_DIR if use_cache else None,
     )
+    if isinstance(old.get("selection"), dict):  # a rerun's or a subset's selection stays
+        from pytest_rlkernel_matrix.report.rerun import apply_selection
+
+        apply_selection(report, old["selection"])
     if notes:
         report["reanalysis_notes"] = notes
     target = output or old_path

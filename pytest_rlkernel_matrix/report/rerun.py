@@ -37,17 +37,12 @@ def record_tail(rec: Mapping[str, Any]) -> str:
     return f"{rec.get('hardware')}::{rec.get('module')}[{rec.get('case')}]"
 
 
-def node_tail(nodeid: str) -> str:
-    """`matrix.toml::cpu::attention[R/R]` -> `cpu::attention[R/R]`."""
-    return nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
-
-
-def apply_selection(report: dict[str, Any], selection: Mapping[str, Any],
-                    recorded: Sequence[str]) -> None:
-    """Add `selection` to a session report; a report missing any cell of the whole matrix is
-    `complete: false` (a `-k` subset too), whatever the cells it selected."""
+def apply_selection(report: dict[str, Any], selection: Mapping[str, Any]) -> None:
+    """Add `selection` to a report (a session's, or `rlk-matrix report`'s rewrite keeping the
+    old one's); a report missing any cell of the whole matrix is `complete: false` (a `-k`
+    subset too), whatever the cells it selected."""
     whole = [str(c) for c in selection.get("matrix_cells") or []]
-    ran = sorted({node_tail(n) for n in recorded})
+    ran = sorted({record_tail(r) for r in report["cells"]})
     missing = [c for c in whole if c not in set(ran)]
     report["selection"] = {**selection, "reran": ran, "missing": missing}
     if missing:
