@@ -22,13 +22,22 @@ A workload whose R kernels are its own (this project's reference workload) must 
 them under RL-Kernel's ids. It declares a runtime policy in each readback (`runtime_policy`:
 `backend_prefix`, `platform`, `triton_allowed`) and its records are judged by that declaration:
 an R record with an id under the declared prefix is the run's own R, on the declared platform,
-with Triton only where the policy allows it. A prefix that is RL-Kernel's (`rlkernel.`), names a
-production backend or differs between readbacks is refused (a reason), never trusted.
+with Triton only where the policy allows it. A declared policy is normalised before it is judged
+(stripped, case-folded); a prefix in a namespace that is not the run's own (RL-Kernel's, vLLM's,
+Megatron's, torch's, vime's, a production id's), malformed, or differing between readbacks is
+refused (a reason), never trusted.
+
+Allow-lists, not deny-lists: a record passes only what it positively shows. A record that is not
+an object, a backend id that is not a string as RL-Kernel writes it (no padding, lower case), a
+platform the cell does not know (`policy.backend` missing or unknown) and a record too large to
+walk are reasons; nothing is skipped. The walks are iterative (no depth limit that upstream's
+recursion lacks) and visit keys in upstream's order (a mapping's own key before nested ones).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 FALLBACK_KEYS = frozenset({"fallback", "fallback_used", "used_fallback", "split_kv_fallback"})
@@ -40,166 +49,265 @@ ROCM_APPROVED_TRITON = frozenset({"rlkernel.rocm.triton_det_gemm",
                                   "rlkernel.rocm.triton_chunked_flash_attention.v1",
                                   "rlkernel.det_gemm.triton_mfma_rocm.v1"})
 POLICY_SCHEMA = "rlk.runtime_policy.v1"
-MAX_DEPTH = 64
+PLATFORMS = ("cpu", "cuda", "rocm")
+# The values one record may hold before it is refused as too large to judge (a reason, never a
+# skip): upstream's recursion has no bound but Python's stack, which fails its validator.
+MAX_VALUES = 1_000_000
+# Namespaces a run cannot declare as its own R: RL-Kernel's, the frameworks' and torch's, and
+# the reference workload's production (P) ids (`{framework}.production.{module}`, vime's logp).
+FOREIGN_NAMESPACES = frozenset({
+    "rlkernel", "rl_kernel", "rl-kernel", "rl_engine", "vllm", "megatron", "torch", "pytorch",
+    "vime", "slime", "triton", "cuda", "rocm", "hip", "production", "native"})
+_PREFIX = re.compile(r"[a-z0-9][a-z0-9_-]*(?:\.[a-z0-9_-]+)*\.\Z")
 
 
-def _walk(value: Any, path: str = "", depth: int = 0) -> Iterable[tuple[str, str, Any]]:
-    """(path, lower-case key, value) of every mapping entry, depth first (bounded)."""
-    if depth > MAX_DEPTH:
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            yield where, str(key).strip().lower(), item
-            yield from _walk(item, where, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _walk(item, f"{path}[{i}]", depth + 1)
+class TooLarge(Exception):
+    """A record holds more values than `MAX_VALUES`: it cannot be judged (a reason)."""
+
+
+def normalise(value: str) -> str:
+    """A declared or recorded id as it is judged: stripped and case-folded."""
+    return value.strip().casefold()
+
+
+def _walk(value: Any, stop: frozenset[str] = frozenset()) -> Iterator[tuple[str, str | None,
+                                                                             Any]]:
+    """(path, normalised key or None, value) of `value` and everything inside it, in the order
+    upstream's recursive helpers visit them (a mapping's entry, then what it holds, then the next
+    entry; list items in order; strings are leaves). Iterative: no depth limit and no recursion;
+    an entry whose key is in `stop` is yielded but not entered (upstream's `continue`)."""
+    stack: list[tuple[str, str | None, Any]] = [("", None, value)]
+    seen = 0
+    while stack:
+        path, key, item = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise TooLarge(f"more than {MAX_VALUES} values")
+        yield path, key, item
+        if key is not None and key in stop:
+            continue
+        if isinstance(item, Mapping):
+            entries = list(item.items())
+            for name, sub in reversed(entries):
+                stack.append((f"{path}.{name}" if path else str(name),
+                              str(name).strip().lower(), sub))
+        elif isinstance(item, (list, tuple)):
+            for i in range(len(item) - 1, -1, -1):
+                stack.append((f"{path}[{i}]", None, item[i]))
+
+
+def _shown(item: Any) -> str:
+    return str(item) if isinstance(item, bool) else repr(str(item)[:60])
 
 
 def truthy_flag(value: Any, keys: frozenset[str]) -> str | None:
-    """Where a key of `keys` holds a value other than False, None, "" or 0 (upstream's
-    `_contains_truthy_fallback`), as `path=value`; None when nowhere."""
+    """Where a key of `keys` holds a value upstream counts as true (`not in (False, None, "",
+    0)`, RL-Kernel's `_contains_fallback`), as `path=value`; None when nowhere."""
     for where, key, item in _walk(value):
-        if key in keys and not (item is False or item is None or item == "" or (
-                type(item) is int and item == 0) or (type(item) is float and item == 0.0)):
-            return f"{where}={str(item)[:60]!r}" if not isinstance(item, bool) else (
-                f"{where}={item}")
+        if key in keys and item not in (False, None, "", 0):
+            return f"{where}={_shown(item)}"
     return None
 
 
 def triton_use(value: Any, allowed: frozenset[str] = frozenset()) -> str | None:
-    """Where a record uses Triton (upstream's `_contains_triton`: a true `triton_used` /
-    `uses_triton`, or "triton" in any string), strings in `allowed` excepted."""
-    if isinstance(value, str):
-        return None if value in allowed or "triton" not in value.lower() else repr(value[:80])
-    for where, key, item in _walk(value):
-        if key in TRITON_KEYS and item is True and not allowed:
-            return f"{where}=true"
+    """Where a record uses Triton (RL-Kernel's `_contains_triton`: "triton" in any string,
+    inside lists too; a `triton_used` / `uses_triton` key not entered), strings in `allowed`
+    excepted. Stricter than upstream by one allow-list rule: such a key passes only when it
+    holds False or null (upstream fails only `True`)."""
+    for where, key, item in _walk(value, TRITON_KEYS):
+        if key in TRITON_KEYS:
+            if item is not False and item is not None and not allowed:
+                return f"{where}={_shown(item).lower() if item is True else _shown(item)}"
+            continue
         if isinstance(item, str) and "triton" in item.lower() and item not in allowed:
-            return f"{where}={item[:80]!r}"
+            return f"{where or 'value'}={item[:80]!r}"
     return None
 
 
-def first_platform(value: Any, keys: tuple[str, ...] = ("runtime_platform",)) -> str | None:
-    """The first `runtime_platform` (depth first, as upstream's `_runtime_platform`)."""
-    for _, key, item in _walk(value):
-        if key in keys and isinstance(item, str):
-            return item.strip().lower()
+def runtime_platform(value: Any) -> str | None:
+    """RL-Kernel's `_runtime_platform`: a mapping's own `runtime_platform` string before any
+    nested one, then each value's in order (mappings only; the string as written)."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise TooLarge(f"more than {MAX_VALUES} values")
+        if not isinstance(item, Mapping):
+            continue
+        direct = item.get("runtime_platform")
+        if isinstance(direct, str):
+            return direct
+        stack.extend(reversed(list(item.values())))
     return None
 
 
 def _rocm_platforms(value: Any) -> set[str]:
-    return {str(item).strip().lower() for _, key, item in _walk(value)
+    return {item.strip().lower() for _, key, item in _walk(value)
             if key in ("runtime_platform", "platform") and isinstance(item, str)}
 
 
 def record_rules(record: Mapping[str, Any], module: str, platform: str) -> tuple[
         list[str], list[str]]:
-    """(fallbacks, failures) of one RL-Kernel record under upstream's rules for `platform`."""
-    backend = str(record.get("backend_id", ""))
+    """(fallbacks, failures) of one RL-Kernel record under upstream's rules for `platform`
+    (one of `PLATFORMS`; the caller refuses any other)."""
+    backend = record.get("backend_id")
+    backend = backend if isinstance(backend, str) else ""
     prov = record.get("provenance")
-    fallbacks, failures = [], []
-    flag = truthy_flag(record, ROCM_FALLBACK_KEYS if platform == "rocm" else FALLBACK_KEYS)
-    if flag:
-        fallbacks.append(f"says {flag}: a fallback (RL-Kernel's rule: any truthy fallback key "
-                         "in a record)")
-    if platform == "cuda":
-        used = triton_use(record)
-        if used:
-            failures.append(f"uses Triton ({used}); RL-Kernel's CUDA validator allows none "
-                            "(runtime_policy triton_allowed: false)")
-        seen = first_platform(prov)
-        if seen != "cuda":
-            failures.append(f"does not report CUDA execution (runtime_platform {seen!r})")
-        if module == "logp" and backend != STRICT_LOGP_BACKEND:
-            failures.append(f"logp backend {backend!r} is not the strict "
-                            f"{STRICT_LOGP_BACKEND!r}")
-    elif platform == "rocm":
-        if not _rocm_platforms(prov) & {"rocm", "hip"}:
-            failures.append("does not prove ROCm execution (no runtime_platform rocm/hip)")
-        ref = truthy_flag(prov, frozenset({"reference_only"}))
-        if ref:
-            failures.append(f"says {ref}: a reference path, not the strict kernel")
-        used = triton_use(prov, ROCM_APPROVED_TRITON)
-        if used:
-            failures.append(f"uses an unapproved Triton backend ({used})")
-        want = {"ffn": STRICT_FFN_BACKEND, "logp": STRICT_LOGP_BACKEND}.get(module)
-        if want and backend != want:
-            failures.append(f"{module} backend {backend!r} is not the strict {want!r}")
+    fallbacks: list[str] = []
+    failures: list[str] = []
+    try:
+        flag = truthy_flag(record, ROCM_FALLBACK_KEYS if platform == "rocm" else FALLBACK_KEYS)
+        if flag:
+            fallbacks.append(f"says {flag}: a fallback (RL-Kernel's rule: any truthy fallback "
+                             "key in a record)")
+        if platform == "cuda":
+            used = triton_use(record)
+            if used:
+                failures.append(f"uses Triton ({used}); RL-Kernel's CUDA validator allows none "
+                                "(runtime_policy triton_allowed: false)")
+            seen = runtime_platform(prov)
+            if seen != "cuda":
+                failures.append(f"does not report CUDA execution (runtime_platform {seen!r})")
+            if module == "logp" and backend != STRICT_LOGP_BACKEND:
+                failures.append(f"logp backend {backend!r} is not the strict "
+                                f"{STRICT_LOGP_BACKEND!r}")
+        elif platform == "rocm":
+            if not _rocm_platforms(prov) & {"rocm", "hip"}:
+                failures.append("does not prove ROCm execution (no runtime_platform rocm/hip)")
+            ref = truthy_flag(prov, frozenset({"reference_only"}))
+            if ref:
+                failures.append(f"says {ref}: a reference path, not the strict kernel")
+            used = triton_use(prov, ROCM_APPROVED_TRITON)
+            if used:
+                failures.append(f"uses an unapproved Triton backend ({used})")
+            want = {"ffn": STRICT_FFN_BACKEND, "logp": STRICT_LOGP_BACKEND}.get(module)
+            if want and backend != want:
+                failures.append(f"{module} backend {backend!r} is not the strict {want!r}")
+    except TooLarge as exc:
+        failures.append(f"cannot be judged: {exc} in one record")
     return fallbacks, failures
+
+
+def _prefix_problem(prefix: Any) -> tuple[str | None, str]:
+    """(normalised prefix, "") or (None, why it cannot be a namespace of the run's own)."""
+    if not isinstance(prefix, str):
+        return None, "is not a string"
+    low = normalise(prefix)
+    if not _PREFIX.match(low) or len(low) > 64:
+        return None, ("is not a backend namespace (lower-case dotted words ending in '.', "
+                      "at most 64 characters)")
+    words = set(re.split(r"[._-]", low[:-1]))
+    foreign = sorted(words & FOREIGN_NAMESPACES)
+    if foreign:
+        return None, (f"names the {foreign[0]!r} namespace, which is not the run's own "
+                      "(RL-Kernel's, the frameworks', torch's and production ids cannot be "
+                      "declared)")
+    return low, ""
 
 
 def declared_policy(policies: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any] | None,
                                                                     list[str]]:
-    """The run's declared runtime policy (one for all its readbacks), and problems with it."""
-    seen: dict[str, tuple[str, Any]] = {}
+    """The run's declared runtime policy, normalised (one for all its readbacks), and problems
+    with it. Any problem leaves no policy: nothing is judged as the run's own R then."""
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
     problems: list[str] = []
     for entry in policies:
         source, pol = entry.get("source"), entry.get("policy")
         if not isinstance(pol, Mapping):
             problems.append(f"readback {source}: runtime_policy is not an object")
             continue
-        prefix, platform = pol.get("backend_prefix"), pol.get("platform")
-        low = prefix.lower() if isinstance(prefix, str) else ""
-        if (not low.endswith(".") or len(low) < 3 or low.startswith("rlkernel")
-                or "production" in low):
-            problems.append(f"readback {source}: runtime_policy backend_prefix {prefix!r} is "
-                            "not a backend namespace of the run's own (RL-Kernel's ids and "
-                            "production ids cannot be declared)")
+        prefix, why = _prefix_problem(pol.get("backend_prefix"))
+        if prefix is None:
+            problems.append(f"readback {source}: runtime_policy backend_prefix "
+                            f"{pol.get('backend_prefix')!r} {why}")
             continue
-        if not isinstance(platform, str) or not isinstance(pol.get("triton_allowed"), bool):
-            problems.append(f"readback {source}: runtime_policy needs platform (str) and "
-                            "triton_allowed (bool)")
+        platform = pol.get("platform")
+        platform = normalise(platform) if isinstance(platform, str) else None
+        if platform not in PLATFORMS or type(pol.get("triton_allowed")) is not bool:
+            problems.append(f"readback {source}: runtime_policy needs platform (one of "
+                            f"{', '.join(PLATFORMS)}) and triton_allowed (true or false); it "
+                            f"has {pol.get('platform')!r} and {pol.get('triton_allowed')!r}")
             continue
-        key = repr(sorted((k, str(v)) for k, v in pol.items()))
-        seen.setdefault(key, (str(source), dict(pol)))
+        norm = {"backend_prefix": prefix, "platform": platform,
+                "triton_allowed": pol["triton_allowed"]}
+        seen.setdefault(repr(sorted(norm.items())), (str(source), norm))
     if len(seen) > 1:
         problems.append("readbacks declare different runtime policies: "
                         + "; ".join(f"{s}: {p}" for s, p in list(seen.values())[:2]))
+    if problems or not seen:
         return None, problems
-    return (next(iter(seen.values()))[1] if seen else None), problems
+    return next(iter(seen.values()))[1], problems
 
 
 def own_backend(backend: str, policy: Mapping[str, Any] | None) -> bool:
-    """A backend id under the run's declared prefix (its own R)."""
-    return bool(policy) and backend.lower().startswith(str(policy["backend_prefix"]).lower())
+    """A backend id under the run's declared (normalised) prefix: its own R."""
+    return bool(policy) and isinstance(backend, str) and normalise(backend).startswith(
+        str(policy["backend_prefix"]))
 
 
 def policy_rules(record: Mapping[str, Any], policy: Mapping[str, Any]) -> list[str]:
     """Failures of one record with the run's own backend id under its declared policy."""
     failures = []
-    want = str(policy["platform"]).lower()
-    seen = first_platform(record.get("provenance"))
-    if seen != want:
-        failures.append(f"runs on {seen!r}, the run's runtime policy declares {want!r}")
-    if not policy["triton_allowed"]:
-        used = triton_use(record)
-        if used:
-            failures.append(f"uses Triton ({used}); the run's runtime policy allows none")
+    want = str(policy["platform"])
+    try:
+        seen = runtime_platform(record.get("provenance"))
+        if seen != want:
+            failures.append(f"runs on {seen!r}, the run's runtime policy declares {want!r}")
+        if not policy["triton_allowed"]:
+            used = triton_use(record)
+            if used:
+                failures.append(f"uses Triton ({used}); the run's runtime policy allows none")
+    except TooLarge as exc:
+        failures.append(f"cannot be judged: {exc} in one record")
     return failures
 
 
 def upstream_findings(records: Iterable[Mapping[str, Any]], platform: str | None,
                       policies: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
     """(fallbacks, failures) over every readback record (`{side, module, source, record}`),
-    each naming the record: `attention rollout (vllm-rollout-12.json): ...`."""
+    each naming the record: `attention rollout (vllm-rollout-12.json): ...`. `platform` is the
+    cell's (its `policy.backend`); a record whose rules need it fails closed without it."""
     policy, failures = declared_policy(policies)
     fallbacks: list[str] = []
+    known = platform if platform in PLATFORMS else None
+    missing_platform = False
     for entry in records:
         rec = entry.get("record")
-        if not isinstance(rec, Mapping):
-            continue
         where = f"{entry.get('module')} {entry.get('side')} ({entry.get('source')})"
-        backend = str(rec.get("backend_id", ""))
-        if backend.lower().startswith("rlkernel."):
-            fb, bad = record_rules(rec, str(entry.get("module")), (platform or "").lower())
-            fallbacks += [f"{where}: record {backend!r} {w}" for w in fb]
-            failures += [f"{where}: record {backend!r} {w}" for w in bad]
+        if not isinstance(rec, Mapping):
+            failures.append(f"{where}: record is a {type(rec).__name__}, not an object: "
+                            "nothing in it shows what ran")
             continue
-        flag = truthy_flag(rec, FALLBACK_KEYS)
+        raw = rec.get("backend_id")
+        if not isinstance(raw, str) or not raw:
+            failures.append(f"{where}: backend_id {raw!r} is not a backend id")
+            continue
+        backend = normalise(raw)
+        if backend != raw:
+            failures.append(f"{where}: backend_id {raw!r} is not written as a backend id "
+                            f"(padded or upper case); judged as {backend!r}")
+        if backend.startswith("rlkernel."):
+            if known is None:
+                missing_platform = True
+                continue
+            fb, bad = record_rules(rec, str(entry.get("module")), known)
+            fallbacks += [f"{where}: record {raw!r} {w}" for w in fb]
+            failures += [f"{where}: record {raw!r} {w}" for w in bad]
+            continue
+        try:
+            flag = truthy_flag(rec, FALLBACK_KEYS)
+        except TooLarge as exc:
+            failures.append(f"{where}: record {raw!r} cannot be judged: {exc} in one record")
+            continue
         if flag:
-            fallbacks.append(f"{where}: record {backend!r} says {flag}: a fallback")
+            fallbacks.append(f"{where}: record {raw!r} says {flag}: a fallback")
         if policy is not None and own_backend(backend, policy):
-            failures += [f"{where}: record {backend!r} {w}" for w in policy_rules(rec, policy)]
+            failures += [f"{where}: record {raw!r} {w}" for w in policy_rules(rec, policy)]
+    if missing_platform:
+        failures.insert(0, (
+            "RL-Kernel's record rules cannot be evaluated: the cell's platform is "
+            + ("unknown (cell-run.json has no policy.backend)" if platform is None else
+               f"{platform!r}, not one of {', '.join(PLATFORMS)} (cell-run.json policy.backend)")
+            + ": the records under RL-Kernel's backend ids are not judged valid"))
     return fallbacks, failures
