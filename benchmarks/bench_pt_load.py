@@ -71,8 +71,8 @@ def main() -> int:
         "torch.load(path, weights_only=True, mmap=True)": lambda f, r: torch.load(
             f, map_location="cpu", weights_only=True, mmap=True),
     }
-    from pytest_rlkernel_matrix.judge import ptread
-    from pytest_rlkernel_matrix.judge.evidence import read_pt
+    from pytest_rlkernel_matrix.judge.read import ptread
+    from pytest_rlkernel_matrix.judge.read.evidence import read_pt
 
     variants["judge.ptread.load(bytes) (fast path alone)"] = lambda f, r: ptread.load(r, f.name)
     variants["judge.evidence.read_pt(bytes) (fast path, torch.load fallback)"] = (

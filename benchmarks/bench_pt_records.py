@@ -45,7 +45,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from pytest_rlkernel_matrix.judge import ptread
+    from pytest_rlkernel_matrix.judge.read import ptread
 
     variants = {
         "ptread numpy": lambda raw: ptread.load(raw, "x.pt", arrays="numpy"),

@@ -255,7 +255,7 @@ def read_all(root: Path, reader: str) -> None:
             torch.load(path, map_location="cpu", weights_only=True)
         declined = 0
     else:
-        from pytest_rlkernel_matrix.judge import ptread
+        from pytest_rlkernel_matrix.judge.read import ptread
         from pytest_rlkernel_matrix.store.safeio import read_bytes
 
         declined = sum(ptread.load_arrays(read_bytes(path, root, 2**31), path.name) is None

@@ -243,7 +243,7 @@ def _probe(args: argparse.Namespace) -> int:
     """Probe one finished cell afterwards: a separate probe run, then the report rewritten."""
     import shlex
 
-    from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_refusal
+    from pytest_rlkernel_matrix.judge.localise.probe import probe_cell, probe_refusal
     from pytest_rlkernel_matrix.report.reanalyze import reanalyze
     from pytest_rlkernel_matrix.run.rootlock import RootBusy, claim
     from pytest_rlkernel_matrix.store.redact import REDACTED
@@ -320,8 +320,8 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     conclusion: ...". Every ratio has the direction of the terminal's attribution (`DIRECTION`):
     the R/R baseline's time over the cell's, i.e. time with R over time with P.
     """
-    from pytest_rlkernel_matrix.judge.accounting import table_cell as unattributed_cell
-    from pytest_rlkernel_matrix.judge.stats import DIRECTION, level
+    from pytest_rlkernel_matrix.judge.performance.accounting import table_cell as unattributed_cell
+    from pytest_rlkernel_matrix.judge.performance.stats import DIRECTION, level
     from pytest_rlkernel_matrix.report.attribution import (
         SIDES,
         comparisons,

@@ -120,8 +120,8 @@ def maybe_probe(ms: Any, cell: Any, run_dir: Path, job: Any,
     `judge/probe.py`: a drift's first divergent operator). A cell that may not have one gets a
     note saying why (`profile-note.json`, `probe-note.json`). The record is analysed again (and
     cached) when either left something for it."""
-    from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_plan, write_probe_note
-    from pytest_rlkernel_matrix.judge.profile import follow_profile
+    from pytest_rlkernel_matrix.judge.localise.probe import probe_cell, probe_plan, write_probe_note
+    from pytest_rlkernel_matrix.judge.localise.profile import follow_profile
 
     matrix = ms.matrix
     names = (*(c.name for c in ms.cells if c.run_key == cell.run_key), cell.name)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.judge.probe import (
+from pytest_rlkernel_matrix.judge.localise.probe import (
     localise,
     probe_positions,
     read_probes,
@@ -310,7 +310,7 @@ def test_errored_cell_gets_a_note_and_a_completed_drifting_one_a_probe_run(
 
 
 def test_probe_plan() -> None:
-    from pytest_rlkernel_matrix.judge.probe import probe_plan
+    from pytest_rlkernel_matrix.judge.localise.probe import probe_plan
 
     done = {"exit_code": 0, "timed_out": False, "verdict": "valid", "mismatch_count": 3}
     assert probe_plan(done) == "probe"

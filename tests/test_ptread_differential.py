@@ -22,7 +22,7 @@ from ptzip import members as _members
 from ptzip import write as _write
 from test_ptread import _raw, _saved
 
-from pytest_rlkernel_matrix.judge import ptread
+from pytest_rlkernel_matrix.judge.read import ptread
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

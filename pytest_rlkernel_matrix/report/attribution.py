@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.accounting import unattributed_note
-from pytest_rlkernel_matrix.judge.stats import (
+from pytest_rlkernel_matrix.judge.performance.accounting import unattributed_note
+from pytest_rlkernel_matrix.judge.performance.stats import (
     DIRECTION,
     NOISE,
     ONE_PROCESS,

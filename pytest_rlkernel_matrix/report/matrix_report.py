@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix import __version__
-from pytest_rlkernel_matrix.judge.accounting import table_cell as unattributed_cell
-from pytest_rlkernel_matrix.judge.profile import terminal_lines as profile_lines
+from pytest_rlkernel_matrix.judge.localise.profile import terminal_lines as profile_lines
+from pytest_rlkernel_matrix.judge.performance.accounting import table_cell as unattributed_cell
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
 from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
 

@@ -116,7 +116,7 @@ def attach(record: dict[str, Any], run_dir: Path,
     found = measured_dirs(run_dir)
     if wanted <= 1 and not found:
         return
-    from pytest_rlkernel_matrix.judge.stats import summary
+    from pytest_rlkernel_matrix.judge.performance.stats import summary
 
     own = _own_reason(record)
     runs: list[dict[str, Any]] = [{"process": 1, "dir": ".", "role": "correctness",

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 from test_job import run_cell
 
-from pytest_rlkernel_matrix.judge.steps import compare_runs, judge_claims, read_steps, trend
+from pytest_rlkernel_matrix.judge.reproducibility.steps import (
+    compare_runs,
+    judge_claims,
+    read_steps,
+    trend,
+)
 from pytest_rlkernel_matrix.report.claims import claim_lines, steps_chart
 
 STEPS = ["--num-prompts", "4", "--max-new-tokens", "10", "--micro-batch-size", "3"]

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from pytest_rlkernel_matrix.judge import ptread
-from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
-from pytest_rlkernel_matrix.judge.metrics import (
+from pytest_rlkernel_matrix.judge.read import ptread
+from pytest_rlkernel_matrix.judge.read.logscan import LogScan, scan_log
+from pytest_rlkernel_matrix.judge.read.metrics import (
     DriftMetrics,
     PartSums,
     Sample,
@@ -37,7 +37,7 @@ from pytest_rlkernel_matrix.judge.metrics import (
     part_sums,
     sample_counts,
 )
-from pytest_rlkernel_matrix.judge.sidecars import (
+from pytest_rlkernel_matrix.judge.read.sidecars import (
     LIST_FIELDS,
     Merged,
     Shard,
@@ -48,7 +48,7 @@ from pytest_rlkernel_matrix.judge.sidecars import (
     merge,
     read_sidecar,
 )
-from pytest_rlkernel_matrix.judge.upstream import WeightAudit, read_weight_audits, side_of
+from pytest_rlkernel_matrix.judge.read.upstream import WeightAudit, read_weight_audits, side_of
 from pytest_rlkernel_matrix.store.safeio import (
     MAX_JSON_BYTES,
     MAX_PT_BYTES,

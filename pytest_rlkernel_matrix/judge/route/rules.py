@@ -40,6 +40,8 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from pytest_rlkernel_matrix.judge.read.policy import PLATFORMS
+
 FALLBACK_KEYS = frozenset({"fallback", "fallback_used", "used_fallback", "split_kv_fallback"})
 ROCM_FALLBACK_KEYS = FALLBACK_KEYS | {"attention_fallback"}
 TRITON_KEYS = frozenset({"triton_used", "uses_triton"})
@@ -49,7 +51,6 @@ ROCM_APPROVED_TRITON = frozenset({"rlkernel.rocm.triton_det_gemm",
                                   "rlkernel.rocm.triton_chunked_flash_attention.v1",
                                   "rlkernel.det_gemm.triton_mfma_rocm.v1"})
 POLICY_SCHEMA = "rlk.runtime_policy.v1"
-PLATFORMS = ("cpu", "cuda", "rocm")
 # The values one record may hold before it is refused as too large to judge (a reason, never a
 # skip): upstream's recursion has no bound but Python's stack, which fails its validator.
 MAX_VALUES = 1_000_000

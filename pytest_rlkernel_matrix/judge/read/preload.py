@@ -28,9 +28,9 @@ import time
 MODULES = (
     "numpy",
     "numpy.ma",
-    "pytest_rlkernel_matrix.judge.evidence",
-    "pytest_rlkernel_matrix.judge.verdict",
-    "pytest_rlkernel_matrix.judge.upstream",
+    "pytest_rlkernel_matrix.judge.read.evidence",
+    "pytest_rlkernel_matrix.judge.decide",
+    "pytest_rlkernel_matrix.judge.read.upstream",
 )
 
 # The thread waits this long (or until `join()`) before it imports: the session's own launch

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.ptread import read_pt_dict
+from pytest_rlkernel_matrix.judge.read.ptread import read_pt_dict
 from pytest_rlkernel_matrix.store.atomic import new_dir
 from pytest_rlkernel_matrix.store.safeio import Refused, listing, read_bytes
 
@@ -62,7 +62,7 @@ def probe_positions(run_dir: Path, budget: int, controls: int = 2) -> tuple[
     The first mismatching active token of each sample in sample order, then the second of each,
     ... up to ``budget - controls``; then matching active tokens as controls (all of the budget
     when nothing mismatches)."""
-    from pytest_rlkernel_matrix.judge.evidence import read_evidence
+    from pytest_rlkernel_matrix.judge.read.evidence import read_evidence
 
     ev = read_evidence(run_dir)
     problems = list(ev.problems) + list(ev.sample_problems)
