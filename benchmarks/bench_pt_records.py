@@ -1,4 +1,4 @@
-"""`.pt` reading is linear in records: `judge.ptread` against `torch.load(weights_only=True)`.
+"""`.pt` reading is linear in records: `judge.read.ptread` against `torch.load(weights_only=True)`.
 
     python benchmarks/bench_pt_records.py [--counts 1000,10000,32000,100000] [--rounds 3]
 

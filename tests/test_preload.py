@@ -1,4 +1,4 @@
-"""The analysis' imports (`judge/preload.py`): started by a session as its first cell launches,
+"""The analysis' imports (`judge/read/preload.py`): started by a session as its first cell launches,
 joined (and the wait counted as the cell's `import_wait_s`) before the first analysis; never in a
 session that runs no cell. Each session runs in its own process: this suite's process has torch
 imported already (conftest.py)."""

@@ -1,4 +1,4 @@
-"""judge/ptread.py: the fast `.pt` reader accepts only what `torch.load(weights_only=True)`
+"""judge/read/ptread.py: the fast `.pt` reader accepts only what `torch.load(weights_only=True)`
 accepts, gives the same values, and hands everything else to `torch.load(weights_only=True)`."""
 
 from __future__ import annotations

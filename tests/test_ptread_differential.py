@@ -1,4 +1,4 @@
-"""judge/ptread.py against `torch.load(weights_only=True)`, differentially: structure-level
+"""judge/read/ptread.py against `torch.load(weights_only=True)`, differentially: structure-level
 mutations of the zip container and a corpus of hostile pickles. For every file, whatever the
 reader makes of it, (1) a value it gives is the value torch gives, bit for bit (never a file
 torch refuses, never other values), and (2) `read_pt` (the reader, else torch.load) ends as

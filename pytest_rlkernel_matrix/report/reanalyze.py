@@ -245,7 +245,7 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
         return
     # fork: the workers start at once with this process's imports (the CLI runs no threads).
     # torch is not imported here: sidecars the `.pt` reader reads need none (numpy arrays,
-    # `judge.ptread.load_arrays`); a worker imports it only for a file that needs torch.load.
+    # `judge.read.ptread.load_arrays`); a worker imports it only for a file that needs torch.load.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 

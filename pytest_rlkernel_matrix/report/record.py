@@ -36,7 +36,7 @@ ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: 
 # 5: the route that ran, from the readback and the route lines (`ran`, issue 32);
 # nothing compared is not judged, (rank, call) coverage, strict claims (issue 34)
 # 5: measured runs (`<run>/measured.<k>`, report.measured) and the owned share (issue 33)
-SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
+SIDES = ("training", "rollout")  # judge.read.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
@@ -271,7 +271,7 @@ def analyze_run(
 
 
 def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
-    """The latest probe run's ``localisation.json`` (``judge/probe.py``), if the cell has one;
+    """The latest probe run's ``localisation.json`` (``judge/localise/probe.py``), if the cell has one;
     else its ``probe-note.json`` (probing was asked for, but the run timed out or errored)."""
     from pytest_rlkernel_matrix.store.safeio import Refused, newest_followup, read_bytes
 

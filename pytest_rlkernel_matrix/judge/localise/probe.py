@@ -2,7 +2,7 @@
 
 Reads a probe directory (``docs/artifact-format.md``, "Probes": ``<side>.rank{r:05d}.pt`` +
 ``index.json``) with the same care as the other readers (capped reads inside the cell directory,
-``judge.ptread.read_pt``: ``torch.load(weights_only=True)`` or its one restricted reader, every
+``judge.read.ptread.read_pt``: ``torch.load(weights_only=True)`` or its one restricted reader, every
 field type-checked), then, per operator in forward order: bitwise equal or not, max |delta|,
 relative error; the first divergent operator with its side(s) and layer; the error's growth
 through the layers; and at the probed tokens the full-vocabulary figures (KL both ways, total

@@ -2,12 +2,12 @@
 
 Readers are tolerant of version differences: unknown keys are ignored, missing or unreadable
 artifacts become `problems` (reasons), never exceptions. `.pt` files are read by
-`judge.ptread.read_pt_dict` (the one `.pt` reader, with `torch.load(weights_only=True)`'s
+`judge.read.ptread.read_pt_dict` (the one `.pt` reader, with `torch.load(weights_only=True)`'s
 semantics: torch's layout and values, else `torch.load(weights_only=True)`) over the bytes
 read through `store.safeio`
 (capped, regular files inside the run directory); torch is imported only when a `.pt` file
 exists. Within `pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step
-claims (`judge.steps`) get the same loaded object and the same problems as the evidence did.
+claims (`judge.reproducibility.steps`) get the same loaded object and the same problems as the evidence did.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def _read_readback(ev: Evidence, path: Path) -> None:
             cap["capability_decisions"] = []
         cap.setdefault("status", data.get("status", "unknown"))
         ev.capability.append({"side": side, "source": path.name, **cap})
-    if "runtime_policy" in data:  # a run's own backends, declared (judge/upstream_rules.py)
+    if "runtime_policy" in data:  # a run's own backends, declared (judge/route/rules.py)
         ev.runtime_policies.append({"source": path.name, "policy": data["runtime_policy"]})
     operators = data.get("operators") or {}
     if not isinstance(operators, dict):
@@ -506,7 +506,7 @@ def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
 
 @dataclass
 class StepInputs:
-    """What the per-step series (`judge.steps`) needs of a cell whose sidecars read cleanly,
+    """What the per-step series (`judge.reproducibility.steps`) needs of a cell whose sidecars read cleanly,
     from the cell's own merge: per call, its samples' `sample_counts` and its parts'
     `part_sums` in the order a merge of that call's sidecars alone sums them."""
 

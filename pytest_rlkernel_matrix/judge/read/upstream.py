@@ -282,7 +282,7 @@ def log_route_findings(modules: Iterable[str], letter_of: Any, routes: Iterable[
         Mapping[str, str]], own: Mapping[str, Any] | None = None,
         ) -> tuple[list[str], list[str]]:
     """(fallbacks, mismatches) from run.log route lines: `letter_of(module, side)` is P or R;
-    `own`: the run's declared runtime policy (its own R backends, `judge/upstream_rules.py`)."""
+    `own`: the run's declared runtime policy (its own R backends, `judge/route/rules.py`)."""
     prefix = str(own["backend_prefix"]).lower() if own else None
     fallbacks: list[str] = []
     mismatches: list[str] = []
