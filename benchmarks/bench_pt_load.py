@@ -7,7 +7,8 @@ sidecars of `cpu/ffn-pr/mismatch-sidecars/` are read, all bytes in memory first,
 interleaved. Printed per variant: CPU ms per file (best and median of the rounds, process time,
 so the load of a shared box weighs less than in wall time) and the ratio to the first variant:
 
-- `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.read.ptread.read_pt` falls back to (the
+- `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.read.ptread.read_pt` falls back to
+(the
   bytes are the ones `store.safeio` read and checked);
 - `torch.load(path, weights_only=True)` and `torch.load(path, weights_only=True, mmap=True)`;
 - `judge.read.ptread.load(bytes)`: the restricted fast path alone (C unpickler, allowlisted globals
@@ -74,7 +75,7 @@ def main() -> int:
     from pytest_rlkernel_matrix.judge.read import ptread
     from pytest_rlkernel_matrix.judge.read.evidence import read_pt
 
-    variants["judge.read.ptread.load(bytes) (fast path alone)"] = lambda f, r: ptread.load(r, f.name)
+    variants["ptread.load(bytes) (fast path alone)"] = lambda f, r: ptread.load(r, f.name)
     variants["judge.read.evidence.read_pt(bytes) (fast path, torch.load fallback)"] = (
         lambda f, r: read_pt(r, torch, f.name))
     for f, r in zip(files, raws, strict=True):

@@ -243,7 +243,8 @@ def measure(root: Path, args: list[str]) -> None:
 
 def read_all(root: Path, reader: str) -> None:
     """Child: every sidecar under `root` read in this fresh process, by `torch.load(path,
-    weights_only=True)` (what upstream's validator does) or by `judge.read.ptread` (the bytes through
+    weights_only=True)` (what upstream's validator does) or by `judge.read.ptread` (the bytes
+    through
     `store.safeio`, then `load_arrays`, what the analysis does; torch.load where it declines);
     torch or numpy imported inside the timing. One JSON line of figures."""
     start, cpu0 = time.perf_counter(), time.process_time()

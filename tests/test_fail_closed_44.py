@@ -67,16 +67,28 @@ def test_a_platform_key_at_the_records_own_level_is_read_before_nested_ones(
     assert any("'rocm'" in r and "CUDA" in r for r in rec["reasons"]), rec["reasons"]
 
 
-def test_a_truthy_fallback_key_deeper_than_any_depth_limit_is_a_fallback(
+def test_a_truthy_fallback_key_deeper_than_the_old_depth_limit_is_a_fallback(
         tmp_path: Path) -> None:
     deep: dict[str, Any] = {"fallback_used": "split"}
-    for _ in range(200):
+    for _ in range(80):
         deep = {"nested": deep}
     k = cuda_kit(tmp_path)
     edit_ops(k, "training", lambda d, op: op["provenance"].update(extra=deep))
     rec = k.analyze()
     assert rec["verdict"] == "fallback", rec["reasons"]
     assert any("fallback_used='split'" in r for r in rec["reasons"]), rec["reasons"]
+
+
+def test_a_record_nested_deeper_than_it_can_be_walked_fails_closed(tmp_path: Path) -> None:
+    """Upstream's recursive validator fails such a record (RecursionError); so do we, naming it."""
+    deep: Any = {"fallback": False}
+    for i in range(400):
+        deep = {"nested": deep} if i % 2 else [deep]
+    k = cuda_kit(tmp_path)
+    edit_ops(k, "rollout", lambda d, op: op["provenance"].update(extra=deep))
+    rec = k.analyze()
+    assert rec["verdict"] != "valid"
+    assert any("nested deeper than" in r for r in all_reasons(rec)), all_reasons(rec)
 
 
 # -- declared policies that escape the rules ----------------------------------------------------

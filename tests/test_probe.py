@@ -1,4 +1,5 @@
-"""Per-operator probes (issue 21): the reference workload writes them, judge/localise/probe.py localises.
+"""Per-operator probes (issue 21): the reference workload writes them, judge/localise/probe.py
+localises.
 
 Real subprocess runs of the reference workload (one short step), real probe files."""
 

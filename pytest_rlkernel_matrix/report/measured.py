@@ -6,7 +6,8 @@ other cells'). The cell's record is the correctness run's, judged as ever; this 
 
 - `measured`: per process its directory, whether its timings count, and the reason when not;
 - `phase_spread.<phase>.processes`: the measured steps of each process that counts (what the
-  hierarchical interval of `judge.performance.stats` resamples: processes, then steps), and the phase
+  hierarchical interval of `judge.performance.stats` resamples: processes, then steps), and the
+  phase
   medians and spreads over all of them.
 
 A measured run counts only when it exited 0 (no timeout, no interruption), its analysis found no

@@ -271,7 +271,8 @@ def analyze_run(
 
 
 def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
-    """The latest probe run's ``localisation.json`` (``judge/localise/probe.py``), if the cell has one;
+    """The latest probe run's ``localisation.json`` (``judge/localise/probe.py``), if the cell has
+    one;
     else its ``probe-note.json`` (probing was asked for, but the run timed out or errored)."""
     from pytest_rlkernel_matrix.store.safeio import Refused, newest_followup, read_bytes
 

@@ -1,4 +1,5 @@
-"""Real RL steps in the reference job and the three claims judged over them (judge/reproducibility/steps.py)."""
+"""Real RL steps in the reference job and the three claims judged over them
+(judge/reproducibility/steps.py)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ import importlib
 import threading
 import time
 
-# No torch: the evidence reads sidecars as numpy arrays (`judge/read/ptread.load_arrays`) and imports
+# No torch: the evidence reads sidecars as numpy arrays (`judge/read/ptread.load_arrays`) and
+# imports
 # torch only for a file that reader does not read, so preloading it would cost every session
 # seconds of CPU its analysis does not use.
 MODULES = (

@@ -30,8 +30,9 @@ refused (a reason), never trusted.
 Allow-lists, not deny-lists: a record passes only what it positively shows. A record that is not
 an object, a backend id that is not a string as RL-Kernel writes it (no padding, lower case), a
 platform the cell does not know (`policy.backend` missing or unknown) and a record too large to
-walk are reasons; nothing is skipped. The walks are iterative (no depth limit that upstream's
-recursion lacks) and visit keys in upstream's order (a mapping's own key before nested ones).
+walk (more values than `MAX_VALUES`, nested deeper than `MAX_DEPTH`, where upstream's own
+recursive validator fails) are reasons; nothing is skipped. The walks are iterative and visit keys
+in upstream's order (a mapping's own key before nested ones).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ POLICY_SCHEMA = "rlk.runtime_policy.v1"
 # The values one record may hold before it is refused as too large to judge (a reason, never a
 # skip): upstream's recursion has no bound but Python's stack, which fails its validator.
 MAX_VALUES = 1_000_000
+# Nesting past this is a reason too: upstream's recursive helpers fail such a record (Python's
+# recursion limit: about 330 levels of lists, 1,000 of mappings), so a record we cannot walk the
+# way upstream can is never a pass (a depth limit fails closed, never skips).
+MAX_DEPTH = 100
 # Namespaces a run cannot declare as its own R: RL-Kernel's, the frameworks' and torch's, and
 # the reference workload's production (P) ids (`{framework}.production.{module}`, vime's logp).
 FOREIGN_NAMESPACES = frozenset({
@@ -63,7 +68,8 @@ _PREFIX = re.compile(r"[a-z0-9][a-z0-9_-]*(?:\.[a-z0-9_-]+)*\.\Z")
 
 
 class TooLarge(Exception):
-    """A record holds more values than `MAX_VALUES`: it cannot be judged (a reason)."""
+    """A record holds more values than `MAX_VALUES`, or nests deeper than `MAX_DEPTH`: it cannot
+    be judged (a reason)."""
 
 
 def normalise(value: str) -> str:
@@ -77,24 +83,27 @@ def _walk(value: Any, stop: frozenset[str] = frozenset()) -> Iterator[tuple[str,
     upstream's recursive helpers visit them (a mapping's entry, then what it holds, then the next
     entry; list items in order; strings are leaves). Iterative: no depth limit and no recursion;
     an entry whose key is in `stop` is yielded but not entered (upstream's `continue`)."""
-    stack: list[tuple[str, str | None, Any]] = [("", None, value)]
+    stack: list[tuple[str, str | None, Any, int]] = [("", None, value, 0)]
     seen = 0
     while stack:
-        path, key, item = stack.pop()
+        path, key, item, depth = stack.pop()
         seen += 1
         if seen > MAX_VALUES:
             raise TooLarge(f"more than {MAX_VALUES} values")
         yield path, key, item
         if key is not None and key in stop:
             continue
+        if isinstance(item, (Mapping, list, tuple)) and depth >= MAX_DEPTH:
+            raise TooLarge(f"nested deeper than {MAX_DEPTH} (at {path[:80]}...; RL-Kernel's "
+                           "own validator fails such a record)")
         if isinstance(item, Mapping):
             entries = list(item.items())
             for name, sub in reversed(entries):
                 stack.append((f"{path}.{name}" if path else str(name),
-                              str(name).strip().lower(), sub))
+                              str(name).strip().lower(), sub, depth + 1))
         elif isinstance(item, (list, tuple)):
             for i in range(len(item) - 1, -1, -1):
-                stack.append((f"{path}[{i}]", None, item[i]))
+                stack.append((f"{path}[{i}]", None, item[i], depth + 1))
 
 
 def _shown(item: Any) -> str:
@@ -128,9 +137,9 @@ def triton_use(value: Any, allowed: frozenset[str] = frozenset()) -> str | None:
 def runtime_platform(value: Any) -> str | None:
     """RL-Kernel's `_runtime_platform`: a mapping's own `runtime_platform` string before any
     nested one, then each value's in order (mappings only; the string as written)."""
-    stack, seen = [value], 0
+    stack, seen = [(value, 0)], 0
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         seen += 1
         if seen > MAX_VALUES:
             raise TooLarge(f"more than {MAX_VALUES} values")
@@ -139,7 +148,10 @@ def runtime_platform(value: Any) -> str | None:
         direct = item.get("runtime_platform")
         if isinstance(direct, str):
             return direct
-        stack.extend(reversed(list(item.values())))
+        if depth >= MAX_DEPTH:
+            raise TooLarge(f"nested deeper than {MAX_DEPTH} (RL-Kernel's own validator fails "
+                           "such a record)")
+        stack.extend((sub, depth + 1) for sub in reversed(list(item.values())))
     return None
 
 
