@@ -210,7 +210,8 @@ def _prefix_problem(prefix: Any) -> tuple[str | None, str]:
     if not _PREFIX.match(low) or len(low) > 64:
         return None, ("is not a backend namespace (lower-case dotted words ending in '.', "
                       "at most 64 characters)")
-    words = set(re.split(r"[._-]", low[:-1]))
+    segments = low[:-1].split(".")
+    words = set(segments) | set(re.split(r"[._-]", low[:-1]))
     foreign = sorted(words & FOREIGN_NAMESPACES)
     if foreign:
         return None, (f"names the {foreign[0]!r} namespace, which is not the run's own "
