@@ -441,6 +441,14 @@ def template_text(engines: bool) -> str:
         encoding="utf-8")
 
 
+WEIGHTS_NOTE = (
+    "note: the claim weights_bitwise (baseline_claims) needs a rollout-side weight audit,\n"
+    "  weight-audit/rollout/<version>.json (version, scope \"rollout_loaded_parameters\", sha256,\n"
+    "  tensor_count, tensors), written by the rollout engine after each weight sync. RL-Kernel's\n"
+    "  vime integration writes only the training side (weight-audit/<version>.json): a launcher\n"
+    "  that drives vime must add it, or the claim is \"not judged\" (docs/en/verdicts.md).")
+
+
 def _init(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     target = directory / "matrix.toml"
@@ -470,6 +478,7 @@ def _init(args: argparse.Namespace) -> int:
     else:
         print(f"next: cd {here} && pytest   (`pytest --rlk-plan` lists the cells; the built-in "
               "reference workload needs torch)")
+    print(WEIGHTS_NOTE)
     return 0
 
 

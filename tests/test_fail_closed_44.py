@@ -254,3 +254,25 @@ def test_many_colliding_int_keys_in_an_ignored_dict_are_refused(tmp_path: Path) 
 
 def test_backends_of_the_kit_are_rlkernels() -> None:
     assert all(b.startswith("rlkernel.") for b in BACKENDS.values())
+
+
+# -- docs: weights_bitwise needs a rollout-side audit -------------------------------------------
+
+def test_init_says_what_a_launcher_must_add_for_weights_bitwise(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_rlkernel_matrix.cli import main
+
+    assert main(["init", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert "weight-audit/rollout/<version>.json" in out and '"not judged"' in out
+    assert "weight-audit/rollout/<version>.json" in (tmp_path / "m" / "matrix.toml").read_text()
+
+
+def test_weights_bitwise_without_a_rollout_audit_is_not_judged(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.reproducibility.steps import judge_claims
+
+    k = CellKit(tmp_path)
+    k.write()
+    (k.dir / "weight-audit" / "v0.vllm-rollout.json").unlink()
+    claims, _ = judge_claims(k.dir, None)
+    assert claims["weights_bitwise"]["status"] == "not judged", claims
