@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from test_nothing_compared import OPS, TOKENS, audit, probe_file
 
 from pytest_rlkernel_matrix.judge.localise import factors, probe
+from pytest_rlkernel_matrix.judge.read.calls import call_gaps
 from pytest_rlkernel_matrix.judge.read.evidence import Evidence
 from pytest_rlkernel_matrix.judge.read.metrics import Sample
 from pytest_rlkernel_matrix.judge.read.sidecars import merge, read_sidecar
-from pytest_rlkernel_matrix.judge.read.upstream import judge_weight_audit, read_weight_audits
+from pytest_rlkernel_matrix.judge.read.upstream import read_weight_audits
 from pytest_rlkernel_matrix.judge.reproducibility import steps
 from pytest_rlkernel_matrix.judge.route.rules import upstream_findings
-from pytest_rlkernel_matrix.judge.semantic.coverage import call_gaps
+from pytest_rlkernel_matrix.judge.semantic.weights import judge_weight_audit
 from pytest_rlkernel_matrix.report import cache
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,

@@ -66,7 +66,8 @@ def _route_lines(ev: Evidence, module: str, side: str) -> tuple[list[str], list[
     """(implementations, `actual=` backends) the run.log route lines give for one side of one
     module: `rl_kernel` for an RL-Kernel backend, one under the run's declared runtime policy (its
     own R) or `implementation=rl_kernel`, else `production`."""
-    from pytest_rlkernel_matrix.judge.read.upstream import is_rlkernel_backend, side_of
+    from pytest_rlkernel_matrix.judge.read.upstream import side_of
+    from pytest_rlkernel_matrix.judge.route.crosscheck import is_rlkernel_backend
     from pytest_rlkernel_matrix.judge.route.rules import declared_policy, own_backend
 
     own, _ = declared_policy(ev.runtime_policies)  # a run's own R backends, as the verdict reads
@@ -100,7 +101,7 @@ def ran(wanted: str, reported: Sequence[str | None]) -> str | None:
 
 
 def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
-    from pytest_rlkernel_matrix.judge.read.upstream import native_logp_evidence
+    from pytest_rlkernel_matrix.judge.route.crosscheck import native_logp_evidence
 
     routes: dict[str, Any] = {}
     for module in cell.cases.modules:
@@ -157,11 +158,8 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
 
 def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     """What the record says about RL-Kernel's own artifact forms (docs/en/conformance.md)."""
-    from pytest_rlkernel_matrix.judge.read.upstream import (
-        bitwise_validation_status,
-        native_logp_evidence,
-        route_form,
-    )
+    from pytest_rlkernel_matrix.judge.read.upstream import bitwise_validation_status, route_form
+    from pytest_rlkernel_matrix.judge.route.crosscheck import native_logp_evidence
     from pytest_rlkernel_matrix.judge.semantic.judge import exposure_of
 
     bv = ev.bitwise_validation

@@ -1,6 +1,7 @@
 """Cross-checks between RL-Kernel's artifacts that its own run validator makes
 (docs/en/conformance.md): route lines against the case, `installed_hooks` against the readback
-records, and the `step N` records' runtime token exposure against the mismatch sidecars.
+records, and the native logp marker. (The `step N` records' runtime token exposure against the
+sidecars is the semantic layer's: judge/semantic/exposure.py.)
 
 - Hooks: every (side, module) a readback records must appear in that side's `installed_hooks`
   (merged over the side's processes, as RL-Kernel sums them), production modules included;
@@ -9,12 +10,8 @@ records, and the `step N` records' runtime token exposure against the mismatch s
   it ran. RL-Kernel's messages: `{label} {module} hook was not installed`, `{label} {module} had
   zero calls`, `{label} production logp unexpectedly installed an RL-Kernel hook`, `{label}
   production logp unexpectedly entered provider readback`.
-- Samples: the merged sidecars hold `num_rollout` x `batching.global_batch_size` samples
-  (RL-Kernel: `sidecar samples {n} != expected {m}`).
-- Exposure: vime's `step N` records carry per-sample means over the step's global batch;
-  `train/train_current_rollout_logprob_numel` x `batching.global_batch_size` (manifest.json),
-  summed over the steps, is the number of active tokens the run compared, and must equal the
-  sidecars' active-token count (RL-Kernel: `sidecar tokens {n} != runtime exposure {x}`).
+- Route lines: `requested=` must be the case's, `actual=` an RL-Kernel backend id as RL-Kernel
+  writes it (or the run's own under its declared runtime policy) where R was requested.
 """
 
 from __future__ import annotations
@@ -22,11 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.read.upstream import log_route_findings, side_of
+from pytest_rlkernel_matrix.judge.read.upstream import (
+    NATIVE_LOGP_CONTRACT,
+    NATIVE_LOGP_MARKER,
+    SIDECAR_LOGP_MARKER,
+    side_of,
+)
 
 SIDES = ("training", "rollout")
-NUMEL_KEY = "train/train_current_rollout_logprob_numel"
-_NO_CHECK = "sidecar tokens not cross-checked against the runtime exposure"
 
 
 def log_route_fallbacks(modules: Iterable[str], letter_of: Callable[[str, str], str], mode: str,
@@ -96,3 +96,62 @@ def hook_findings(modules: Iterable[str], letter_of: Callable[[str, str], str], 
                 f"module as {getattr(got, 'implementation', None)}, but installed_hooks of "
                 f"{files} has no entry for it): {letter} route unproven")
     return unproven, contradictions
+
+
+def is_rlkernel_backend(backend: str) -> bool:
+    """An RL-Kernel backend id as RL-Kernel writes it (`rlkernel.`, exactly: no padding, lower
+    case; upstream's validator compares the prefix as written), not unidentified, not a
+    production id."""
+    return (isinstance(backend, str) and backend.startswith("rlkernel.")
+            and not backend.endswith(".unidentified") and ".production" not in backend)
+
+
+def log_route_findings(modules: Iterable[str], letter_of: Any, routes: Iterable[
+        Mapping[str, str]], own: Mapping[str, Any] | None = None,
+        ) -> tuple[list[str], list[str]]:
+    """(fallbacks, mismatches) from run.log route lines: `letter_of(module, side)` is P or R;
+    `own`: the run's declared runtime policy (its own R backends, `judge/route/rules.py`)."""
+    prefix = str(own["backend_prefix"]).lower() if own else None
+    fallbacks: list[str] = []
+    mismatches: list[str] = []
+    wanted = set(modules)
+    for route in routes:
+        module = route.get("module")
+        side = side_of(route.get("framework"), route.get("target"))
+        if module not in wanted or side is None:
+            continue
+        letter = letter_of(module, side)
+        where = f"{module} {side}"
+        requested, actual = route.get("requested"), route.get("actual")
+        impl = route.get("implementation")
+        if requested is None and actual is None:  # legacy form
+            if letter == "R" and impl is not None and impl != "rl_kernel":
+                fallbacks.append(f"{where}: run.log route line says implementation={impl} "
+                                 "although R was requested (fallback)")
+            continue
+        want = "rl_kernel" if letter == "R" else "production"
+        if requested is not None and requested != want:
+            mismatches.append(f"{where}: run.log route line says requested={requested} but the "
+                              f"case requests {want} ({letter})")
+        if actual is None:
+            continue
+        mine = prefix is not None and actual.lower().startswith(prefix)
+        if letter == "R" and not (is_rlkernel_backend(actual) or mine):
+            fallbacks.append(f"{where}: run.log route line says actual={actual[:120]} although "
+                             "R was requested: not an RL-Kernel backend (fallback)")
+        elif letter == "P" and (actual.lower().startswith("rlkernel.") or mine):
+            mismatches.append(f"{where}: run.log route line says actual={actual[:120]}, an "
+                              "R backend, although P was requested")
+    return fallbacks, mismatches
+
+
+def native_logp_evidence(markers: Iterable[str], logp_case: str) -> str | None:
+    """The run.log marker proving native Megatron logp ran for this case, or None."""
+    for line in markers:
+        if NATIVE_LOGP_MARKER in line and f"contract_id={NATIVE_LOGP_CONTRACT}" in line:
+            return line[line.index(NATIVE_LOGP_MARKER):][:300]
+        if SIDECAR_LOGP_MARKER in line:
+            case = line.split(SIDECAR_LOGP_MARKER, 1)[1].split()[:1]
+            if case and case[0].strip().upper() == logp_case:
+                return line[line.index(SIDECAR_LOGP_MARKER):][:300]
+    return None

@@ -14,8 +14,12 @@ from typing import Any
 
 from pytest_rlkernel_matrix.judge.findings import Judgement
 from pytest_rlkernel_matrix.judge.read.evidence import SIDES, Evidence, Route
-from pytest_rlkernel_matrix.judge.read.upstream import is_rlkernel_backend, native_logp_evidence
-from pytest_rlkernel_matrix.judge.route.crosscheck import hook_findings, log_route_fallbacks
+from pytest_rlkernel_matrix.judge.route.crosscheck import (
+    hook_findings,
+    is_rlkernel_backend,
+    log_route_fallbacks,
+    native_logp_evidence,
+)
 from pytest_rlkernel_matrix.judge.route.rules import declared_policy, own_backend, upstream_findings
 from pytest_rlkernel_matrix.spec.cells import Cell
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 from pytest_rlkernel_matrix.judge.findings import Judgement
 from pytest_rlkernel_matrix.judge.read.evidence import SIDES, Evidence
 from pytest_rlkernel_matrix.judge.read.policy import PLATFORMS, Policy
-from pytest_rlkernel_matrix.judge.read.upstream import judge_weight_audit
 from pytest_rlkernel_matrix.judge.semantic.coverage import judge_ranks
 from pytest_rlkernel_matrix.judge.semantic.exposure import Exposure, runtime_exposure
-from pytest_rlkernel_matrix.judge.semantic.weights import weight_reasons
+from pytest_rlkernel_matrix.judge.semantic.weights import judge_weight_audit, weight_reasons
 from pytest_rlkernel_matrix.spec.cells import Cell
 from pytest_rlkernel_matrix.spec.terms import plural
 

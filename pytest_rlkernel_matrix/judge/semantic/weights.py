@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from pytest_rlkernel_matrix.judge.read.upstream import WeightAudit
+from pytest_rlkernel_matrix.judge.read.upstream import WeightAudit, _version_key
 from pytest_rlkernel_matrix.spec.cells import Cell
 
 
@@ -47,3 +47,37 @@ def _held(version: str, shown: str, audit: WeightAudit | None) -> str:
     behind = (f", {int(version) - int(older)} behind" if version.isdigit() and older.isdigit()
               else "")
     return f"{shown}; the rollout holds exported version {older}{behind}"
+
+
+def judge_weight_audit(wa: WeightAudit, mode: str, require_rollout: bool,
+                       ) -> tuple[list[str], list[str]]:
+    """(reasons, notes): reasons fail the semantic judgement, notes are only recorded."""
+    reasons: list[str] = list(wa.problems)
+    notes: list[str] = []
+    if not wa.training:
+        msg = "no weight-audit files: weight version not verified"
+        if mode == "off":
+            notes.append(msg)
+        elif not wa.problems:
+            reasons.append(msg + " (training rank 0 writes weight-audit/<version>.json)")
+        return reasons, notes
+    for version, sha in sorted(wa.rollout.items(), key=lambda kv: _version_key(kv[0])):
+        train = wa.training.get(version)
+        if train is None:
+            reasons.append(f"weight version {version}: the rollout side loaded a version the "
+                           "training side never exported")
+        elif train != sha:
+            reasons.append(f"weight version {version}: sides hold different weights (training "
+                           f"{train[:12]}, rollout {sha[:12]})")
+    for version in wa.rollout_readback_versions:
+        if version not in wa.training:
+            reasons.append(f"weight version {version}: a rollout readback reports a version "
+                           "the training side never exported")
+    if not wa.rollout_audited:
+        msg = ("weight audit: the rollout side is not audited by the framework (no "
+               "weight-audit/rollout/ and no weight_version in a rollout readback)")
+        if require_rollout and mode != "off":
+            reasons.append(msg + ": [matrix] require_rollout_weight_audit = true")
+        else:
+            notes.append(msg)
+    return reasons, notes
