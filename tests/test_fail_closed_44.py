@@ -276,3 +276,19 @@ def test_weights_bitwise_without_a_rollout_audit_is_not_judged(tmp_path: Path) -
     (k.dir / "weight-audit" / "v0.vllm-rollout.json").unlink()
     claims, _ = judge_claims(k.dir, None)
     assert claims["weights_bitwise"]["status"] == "not judged", claims
+
+
+# -- the decision: typed findings of five layers ------------------------------------------------
+
+def test_a_decision_carries_every_layers_typed_findings(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.findings import LAYERS
+
+    k = cuda_kit(tmp_path)
+    edit_ops(k, "rollout", lambda d, op: op["provenance"]["execution"].update(triton_used=True))
+    rec = k.analyze()
+    assert set(rec["validity"]) == set(LAYERS)
+    # a record that breaks RL-Kernel's rules is a route mismatch: the cell is incomparable
+    assert rec["verdict"] == "incomparable"
+    assert any(r.startswith("route: ") and "Triton" in r
+               for r in rec["validity"]["semantic"]["reasons"])
+    assert rec["validity"]["reproducibility"]["valid"] is not True  # one run: not all judged

@@ -25,12 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_rlkernel_matrix.judge.findings import Judgement
+from pytest_rlkernel_matrix.judge.findings import Finding, Judgement
 from pytest_rlkernel_matrix.judge.numeric.judge import is_all_r, judge_numeric
 from pytest_rlkernel_matrix.judge.performance.judge import judge_performance
 from pytest_rlkernel_matrix.judge.read.evidence import Evidence
 from pytest_rlkernel_matrix.judge.read.policy import Policy
-from pytest_rlkernel_matrix.judge.reproducibility.steps import apply_declared, judge_claims
+from pytest_rlkernel_matrix.judge.reproducibility.judge import judge_reproducibility
+from pytest_rlkernel_matrix.judge.reproducibility.steps import apply_declared
 from pytest_rlkernel_matrix.judge.route.judge import judge_route
 from pytest_rlkernel_matrix.judge.semantic.judge import judge_semantic
 from pytest_rlkernel_matrix.run.runner import RunResult
@@ -74,6 +75,7 @@ class Decision:
     performance_usable: bool = False
     claims: dict[str, dict[str, str]] = field(default_factory=dict)
     steps: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)  # every layer's, typed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,7 +223,7 @@ def decide(
         verdict, reasons = "contract_mismatch", list(numeric.reasons)
     else:
         verdict, reasons = "valid", [r for r in numeric.reasons if r.startswith("no contract: not")]
-    claims, steps_data = judge_claims(ev.root, policy.repeat_dir)
+    reproducibility, claims, steps_data = judge_reproducibility(ev.root, policy.repeat_dir)
     if cell is not None and is_all_r(cell):
         waived = ("train_rollout_bitwise",) if (contract or {}).get("kind") == "tolerance" else ()
         verdict, reasons = apply_declared(claims, policy.baseline_claims, mode, verdict, reasons,
@@ -241,12 +243,19 @@ def decide(
         failed = verdict != "valid" and not (gap is not None and verdict == "unsupported")
     else:
         failed = verdict in LENIENT_FAILS
+    judgements = {"route": route, "semantic": semantic, "numeric": numeric,
+                  "performance": performance, "reproducibility": reproducibility}
+    findings = [Finding("run", "fail", r, "cell-run.json") for r in run_errors]
+    findings += [Finding("capability", "fail", f"{cls}: {why}", "capability")
+                 for cls, why in unsupported]
+    findings += [Finding("evidence", "fail", r) for r in evidence_errors]
+    findings += [f for j in judgements.values() for f in j.findings]
     return Decision(
         verdict=verdict,
         reasons=reasons,
         failed=failed,
-        judgements={"route": route, "semantic": semantic, "numeric": numeric,
-                    "performance": performance},
+        judgements=judgements,
+        findings=findings,
         unsupported_class=unsupported_class,
         expected_gap=expected_gap,
         contract=contract,
