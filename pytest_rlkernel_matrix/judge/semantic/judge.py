@@ -41,6 +41,11 @@ def judge_semantic(ev: Evidence, mode: str, policy: Policy,
         if policy.run_id is not None and rid != policy.run_id:
             sem.fail(f"run id {rid!r} in {source} is not this run's {policy.run_id!r}: "
                      "artifact from another run")
+    if policy.backend not in PLATFORMS and mode != "off":
+        sem.fail("the cell's platform is unknown: cell-run.json "
+                 + ("has no policy.backend" if policy.backend is None else
+                    f"policy.backend {policy.backend!r} is not one of {', '.join(PLATFORMS)}")
+                 + ": the runtime-platform rules cannot be evaluated (fails closed)")
     if policy.backend in PLATFORMS:
         seen: dict[str, str] = {}
         for side in SIDES:
