@@ -31,11 +31,13 @@ if TYPE_CHECKING:  # the readers and the judge (numpy, pydantic) load only when 
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
-ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
+ANALYSIS_VERSION = 6  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
 # notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24);
 # 5: the route that ran, from the readback and the route lines (`ran`, issue 32);
 # nothing compared is not judged, (rank, call) coverage, strict claims (issue 34)
 # 5: measured runs (`<run>/measured.<k>`, report.measured) and the owned share (issue 33)
+# 6: the judge by validity layers, allow-list route rules, bounded reading (issue 44); the cache
+# also keys on the judging code's digest (report/cache.py), so a bump is no longer required there
 SIDES = ("training", "rollout")  # judge.read.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
