@@ -134,6 +134,20 @@ def test_a_framework_namespace_cannot_be_declared_as_the_runs_own(tmp_path: Path
         all_reasons(rec)
 
 
+@pytest.mark.parametrize("actual", [" rlkernel.attention.deterministic.v1",
+                                    "RLKernel.attention.deterministic.v1"])
+def test_a_padded_or_cased_r_id_on_a_p_route_line_is_a_mismatch(actual: str) -> None:
+    from pytest_rlkernel_matrix.judge.route.crosscheck import log_route_findings
+
+    line = {"framework": "vllm", "target": "rollout", "module": "attention",
+            "requested": "production", "actual": actual, "fallback": "false"}
+    _, mismatches = log_route_findings(["attention"], lambda m, s: "P", [line])
+    assert mismatches and "an R backend, although P was requested" in mismatches[0]
+    fallbacks, _ = log_route_findings(["attention"], lambda m, s: "R", [
+        dict(line, requested="rl_kernel")])
+    assert fallbacks, "an R route line must name the id as RL-Kernel writes it"
+
+
 # -- missing facts that skip rules --------------------------------------------------------------
 
 def test_a_cell_run_without_policy_backend_fails_closed_naming_the_missing_fact(

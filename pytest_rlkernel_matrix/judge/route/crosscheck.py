@@ -111,7 +111,7 @@ def log_route_findings(modules: Iterable[str], letter_of: Any, routes: Iterable[
         ) -> tuple[list[str], list[str]]:
     """(fallbacks, mismatches) from run.log route lines: `letter_of(module, side)` is P or R;
     `own`: the run's declared runtime policy (its own R backends, `judge/route/rules.py`)."""
-    prefix = str(own["backend_prefix"]).lower() if own else None
+    prefix = str(own["backend_prefix"]) if own else None  # (normalised by declared_policy)
     fallbacks: list[str] = []
     mismatches: list[str] = []
     wanted = set(modules)
@@ -135,11 +135,12 @@ def log_route_findings(modules: Iterable[str], letter_of: Any, routes: Iterable[
                               f"case requests {want} ({letter})")
         if actual is None:
             continue
-        mine = prefix is not None and actual.lower().startswith(prefix)
+        act = actual.strip().casefold()
+        mine = prefix is not None and act.startswith(prefix)
         if letter == "R" and not (is_rlkernel_backend(actual) or mine):
             fallbacks.append(f"{where}: run.log route line says actual={actual[:120]} although "
                              "R was requested: not an RL-Kernel backend (fallback)")
-        elif letter == "P" and (actual.lower().startswith("rlkernel.") or mine):
+        elif letter == "P" and (act.startswith("rlkernel.") or mine):
             mismatches.append(f"{where}: run.log route line says actual={actual[:120]}, an "
                               "R backend, although P was requested")
     return fallbacks, mismatches

@@ -28,12 +28,13 @@ IMPLEMENTATION = {"P": "production", "R": "rl_kernel"}
 
 
 def _real_backend(bid: str, impl: str, own: Mapping[str, Any] | None = None) -> bool:
-    """An R backend is RL-Kernel's, or the run's own under its declared runtime policy."""
-    low = bid.lower()
+    """An R backend is RL-Kernel's as RL-Kernel writes it, or the run's own under its declared
+    runtime policy; a P backend is neither, whatever its padding or case."""
+    norm = bid.strip().casefold()
     if impl == "rl_kernel":
-        return (is_rlkernel_backend(low) or own_backend(low, own)) and not low.endswith(
-            ".unidentified")
-    return not low.startswith("rlkernel.") and not own_backend(low, own)
+        return is_rlkernel_backend(bid) or (own_backend(bid, own)
+                                            and not norm.endswith(".unidentified"))
+    return not norm.startswith("rlkernel.") and not own_backend(bid, own)
 
 
 def judge_route(cell: Cell, mode: str, ev: Evidence, platform: str | None = None,
