@@ -305,4 +305,5 @@ def test_a_decision_carries_every_layers_typed_findings(tmp_path: Path) -> None:
     assert rec["verdict"] == "incomparable"
     assert any(r.startswith("route: ") and "Triton" in r
                for r in rec["validity"]["semantic"]["reasons"])
+    assert rec["validity"]["route"]["valid"] is False  # and the route layer's own finding
     assert rec["validity"]["reproducibility"]["valid"] is not True  # one run: not all judged

@@ -203,6 +203,11 @@ def decide(
     evidence_errors += _exit_code_agrees(run, ev)
     evidence_errors += [f"unreadable artifact: {p}" for p in ev.problems]
     evidence_errors += [r for r in route.reasons if "route unproven" in r]
+    # A route mismatch (a record against RL-Kernel's rules, a case or hook contradiction) is the
+    # route layer's finding too; the verdict takes it from the semantic judgement ("route: ..."
+    # above: incomparable), so it is added after the lines that read the route's own reasons.
+    for reason in mismatch.reasons:
+        route.fail(reason)
 
     reasons: list[str]
     unsupported_class = None
