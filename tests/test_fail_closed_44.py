@@ -253,6 +253,22 @@ def test_stride_zero_tensors_in_a_sidecar_are_refused_before_they_allocate(
     assert got["peak"] - got["base"] <= 2 * _evidence_bytes(k) + 200 * 2**20, got
 
 
+@pytest.mark.parametrize("hostile", ["overlapping strides", "colliding int keys"])
+def test_other_adversarial_sidecars_stay_within_the_memory_bound(tmp_path: Path,
+                                                                 hostile: str) -> None:
+    k = CellKit(tmp_path)
+    k.write()
+    data = k.sidecar()
+    if hostile == "overlapping strides":  # 2**22 x 64 elements addressed in 2**22 + 64 stored
+        data["ignored"] = torch.zeros((1 << 22) + 64).as_strided((1 << 22, 64), (1, 1))
+    else:
+        data["ignored"] = {j * (2**61 - 1): 0 for j in range(1, 6000)}
+    k.write_sidecar(data)
+    got = _analysis_rss(k)
+    assert got["verdict"] != "valid"
+    assert got["peak"] - got["base"] <= 2 * _evidence_bytes(k) + 200 * 2**20, got
+
+
 def test_many_colliding_int_keys_in_an_ignored_dict_are_refused(tmp_path: Path) -> None:
     """Python's int hash is `i mod (2**61 - 1)`: these keys all collide (a dict of them takes
     time quadratic in their count); the reader refuses the file before it builds the dict."""
