@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_rlkernel_matrix.judge.logscan import scan_log
+from pytest_rlkernel_matrix.judge.read.logscan import scan_log
 
 LINES = (
     "[2026-01-01 00:00:00] INFO     model_runner.py:1234 Loading weights took 12.3 GB, 4.56 s\n",

@@ -17,7 +17,8 @@ largest against the targets of issue 24
 (<= 2% of a cell's wall on the default matrix, <= 0.5 s per cell on a no-op command), once over
 all runs and once without the run whose analysis paid the most for the session's one-time
 imports (the largest `import_wait_s + evidence_s`): torch and numpy are imported in a thread
-started as the session's first cell is launched (`judge/preload.py`); what of it is still running
+started as the session's first cell is launched (`judge/read/preload.py`); what of it is still
+running
 when that cell's process ends is its `import_wait_s`.
 The load average before and after is printed with the figures: on a shared box they move with
 it.

@@ -43,7 +43,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from pytest_rlkernel_matrix.judge import ptread
+    from pytest_rlkernel_matrix.judge.read import ptread
 
     files = sorted(args.root.rglob("mismatch-sidecars/*.pt"))[: args.files]
     raws = [p.read_bytes() for p in files]

@@ -7,11 +7,12 @@ sidecars of `cpu/ffn-pr/mismatch-sidecars/` are read, all bytes in memory first,
 interleaved. Printed per variant: CPU ms per file (best and median of the rounds, process time,
 so the load of a shared box weighs less than in wall time) and the ratio to the first variant:
 
-- `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.ptread.read_pt` falls back to (the
+- `torch.load(BytesIO(bytes), weights_only=True)`: what `judge.read.ptread.read_pt` falls back to
+(the
   bytes are the ones `store.safeio` read and checked);
 - `torch.load(path, weights_only=True)` and `torch.load(path, weights_only=True, mmap=True)`;
-- `judge.ptread.load(bytes)`: the restricted fast path alone (C unpickler, allowlisted globals
-  answered by our own objects, the subset proof), and `judge.evidence.read_pt(bytes)`: what the
+- `judge.read.ptread.load(bytes)`: the restricted fast path alone (C unpickler, allowlisted globals
+  answered by our own objects, the subset proof), and `judge.read.evidence.read_pt(bytes)`: what the
   analysis calls (the fast path, `torch.load(weights_only=True)` where it says `Unsupported`);
   the script first checks that both give what `torch.load(weights_only=True)` gives for every
   file (dtype, shape, stride, storage offset, bytes) and prints how many files the fast path read;
@@ -71,11 +72,11 @@ def main() -> int:
         "torch.load(path, weights_only=True, mmap=True)": lambda f, r: torch.load(
             f, map_location="cpu", weights_only=True, mmap=True),
     }
-    from pytest_rlkernel_matrix.judge import ptread
-    from pytest_rlkernel_matrix.judge.evidence import read_pt
+    from pytest_rlkernel_matrix.judge.read import ptread
+    from pytest_rlkernel_matrix.judge.read.evidence import read_pt
 
-    variants["judge.ptread.load(bytes) (fast path alone)"] = lambda f, r: ptread.load(r, f.name)
-    variants["judge.evidence.read_pt(bytes) (fast path, torch.load fallback)"] = (
+    variants["ptread.load(bytes) (fast path alone)"] = lambda f, r: ptread.load(r, f.name)
+    variants["judge.read.evidence.read_pt(bytes) (fast path, torch.load fallback)"] = (
         lambda f, r: read_pt(r, torch, f.name))
     for f, r in zip(files, raws, strict=True):
         want = torch.load(io.BytesIO(r), map_location="cpu", weights_only=True)

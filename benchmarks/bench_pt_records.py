@@ -1,4 +1,4 @@
-"""`.pt` reading is linear in records: `judge.ptread` against `torch.load(weights_only=True)`.
+"""`.pt` reading is linear in records: `judge.read.ptread` against `torch.load(weights_only=True)`.
 
     python benchmarks/bench_pt_records.py [--counts 1000,10000,32000,100000] [--rounds 3]
 
@@ -45,7 +45,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from pytest_rlkernel_matrix.judge import ptread
+    from pytest_rlkernel_matrix.judge.read import ptread
 
     variants = {
         "ptread numpy": lambda raw: ptread.load(raw, "x.pt", arrays="numpy"),

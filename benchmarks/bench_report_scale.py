@@ -27,7 +27,7 @@ package first (`PYTHONPATH=OLD`), and the ratios of this checkout's walls to it.
 response length (500-2,500 response tokens), masked spans, run.log's steps and manifest.json's
 batch written to agree with the sidecars (`_cell`, `_steps`); the seeds are fixed. After the
 reports, every sidecar of the root is read in a fresh process by `torch.load(path,
-weights_only=True)` and by `judge.ptread` (twice each, alternating), and the ratio printed;
+weights_only=True)` and by `judge.read.ptread` (twice each, alternating), and the ratio printed;
 `--profile` adds a sequential report under cProfile (where the time goes).
 """
 
@@ -152,7 +152,7 @@ def _steps(dst: Path, actives: list[int], samples: int) -> None:
     them (one step per call, the example's records repeated): each step's per-sample
     `train_current_rollout_logprob_numel` x `global_batch_size` is that call's active tokens,
     `num_rollout` x `global_batch_size` the samples (the cross-checks RL-Kernel's validator
-    makes: `judge/crosscheck.py`)."""
+    makes: `judge/route/crosscheck.py`)."""
     lines = (dst / "run.log").read_text().splitlines()
     head = [ln for ln in lines if not _NUMBERED.match(ln)]
     by_step: dict[int, list[str]] = {}
@@ -243,7 +243,8 @@ def measure(root: Path, args: list[str]) -> None:
 
 def read_all(root: Path, reader: str) -> None:
     """Child: every sidecar under `root` read in this fresh process, by `torch.load(path,
-    weights_only=True)` (what upstream's validator does) or by `judge.ptread` (the bytes through
+    weights_only=True)` (what upstream's validator does) or by `judge.read.ptread` (the bytes
+    through
     `store.safeio`, then `load_arrays`, what the analysis does; torch.load where it declines);
     torch or numpy imported inside the timing. One JSON line of figures."""
     start, cpu0 = time.perf_counter(), time.process_time()
@@ -255,7 +256,7 @@ def read_all(root: Path, reader: str) -> None:
             torch.load(path, map_location="cpu", weights_only=True)
         declined = 0
     else:
-        from pytest_rlkernel_matrix.judge import ptread
+        from pytest_rlkernel_matrix.judge.read import ptread
         from pytest_rlkernel_matrix.store.safeio import read_bytes
 
         declined = sum(ptread.load_arrays(read_bytes(path, root, 2**31), path.name) is None

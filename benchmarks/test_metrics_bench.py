@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_rlkernel_matrix.judge.metrics import Sample, compute
+from pytest_rlkernel_matrix.judge.read.metrics import Sample, compute
 
 TOKENS = 1_000_000
 SAMPLES = 2_000

@@ -245,7 +245,7 @@ def _probe(args: argparse.Namespace) -> int:
     """Probe one finished cell afterwards: a separate probe run, then the report rewritten."""
     import shlex
 
-    from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_refusal
+    from pytest_rlkernel_matrix.judge.localise.probe import probe_cell, probe_refusal
     from pytest_rlkernel_matrix.report.reanalyze import reanalyze
     from pytest_rlkernel_matrix.run.rootlock import RootBusy, claim
     from pytest_rlkernel_matrix.store.redact import REDACTED
@@ -322,8 +322,8 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     conclusion: ...". Every ratio has the direction of the terminal's attribution (`DIRECTION`):
     the R/R baseline's time over the cell's, i.e. time with R over time with P.
     """
-    from pytest_rlkernel_matrix.judge.accounting import table_cell as unattributed_cell
-    from pytest_rlkernel_matrix.judge.stats import DIRECTION, level
+    from pytest_rlkernel_matrix.judge.performance.accounting import table_cell as unattributed_cell
+    from pytest_rlkernel_matrix.judge.performance.stats import DIRECTION, level
     from pytest_rlkernel_matrix.report.attribution import (
         SIDES,
         comparisons,
@@ -468,6 +468,14 @@ def template_text(engines: bool) -> str:
         encoding="utf-8")
 
 
+WEIGHTS_NOTE = (
+    "note: the claim weights_bitwise (baseline_claims) needs a rollout-side weight audit,\n"
+    "  weight-audit/rollout/<version>.json (version, scope \"rollout_loaded_parameters\", sha256,\n"
+    "  tensor_count, tensors), written by the rollout engine after each weight sync. RL-Kernel's\n"
+    "  vime integration writes only the training side (weight-audit/<version>.json): a launcher\n"
+    "  that drives vime must add it, or the claim is \"not judged\" (docs/en/verdicts.md).")
+
+
 def _init(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     target = directory / "matrix.toml"
@@ -497,6 +505,7 @@ def _init(args: argparse.Namespace) -> int:
     else:
         print(f"next: cd {here} && pytest   (`pytest --rlk-plan` lists the cells; the built-in "
               "reference workload needs torch)")
+    print(WEIGHTS_NOTE)
     return 0
 
 

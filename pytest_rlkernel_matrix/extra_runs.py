@@ -115,13 +115,15 @@ def maybe_probe(ms: Any, cell: Any, run_dir: Path, job: Any,
                 record: dict[str, Any]) -> dict[str, Any]:
     """The follow-up runs of a finished cell, each a separate run in its own directory under the
     cell's (the measured run is left as it is; neither is ever a measured run): its profile run
-    (`--rlk-profile`, `[profile] when = "always"`; `judge/profile.py`: which module's kernels
+    (`--rlk-profile`, `[profile] when = "always"`; `judge/localise/profile.py`: which module's
+    kernels
     cost the time), then its probe run (`--rlk-probe`, `[probe] when = "drift"`;
-    `judge/probe.py`: a drift's first divergent operator). A cell that may not have one gets a
+    `judge/localise/probe.py`: a drift's first divergent operator). A cell that may not have one
+    gets a
     note saying why (`profile-note.json`, `probe-note.json`). The record is analysed again (and
     cached) when either left something for it."""
-    from pytest_rlkernel_matrix.judge.probe import probe_cell, probe_plan, write_probe_note
-    from pytest_rlkernel_matrix.judge.profile import follow_profile
+    from pytest_rlkernel_matrix.judge.localise.probe import probe_cell, probe_plan, write_probe_note
+    from pytest_rlkernel_matrix.judge.localise.profile import follow_profile
 
     matrix = ms.matrix
     names = (*(c.name for c in ms.cells if c.run_key == cell.run_key), cell.name)

@@ -571,7 +571,7 @@ class MatrixHooks:
             loc = rec.get("localisation")
             if isinstance(loc, dict) and isinstance(loc.get("summary"), str):
                 tr.write_line(f"{rec['module']} {rec['case']}: {loc['summary']}")
-        from pytest_rlkernel_matrix.judge.profile import terminal_lines
+        from pytest_rlkernel_matrix.judge.localise.profile import terminal_lines
 
         for line in terminal_lines(list(ms.records.values())):
             tr.write_line(line)

@@ -25,7 +25,7 @@ from typing import Any
 
 from pytest_rlkernel_matrix import extra_runs
 from pytest_rlkernel_matrix.extra_runs import RECORD_CACHE
-from pytest_rlkernel_matrix.judge import preload
+from pytest_rlkernel_matrix.judge.read import preload
 from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE, build_report
 from pytest_rlkernel_matrix.report.record import (
     CELL_RUN_FILE,
@@ -261,7 +261,7 @@ class MatrixSession:
     def _run_factor_cell(self, cell: Cell, mode: str, env_hook: Any) -> dict[str, Any]:
         """The baseline's run first (reused when a selected cell already ran it), then the
         factor's run, then the judge's comparison of the two rollouts in the record."""
-        from pytest_rlkernel_matrix.judge.factors import factor_block
+        from pytest_rlkernel_matrix.judge.localise.factors import factor_block
 
         base_cell = self.factor_baseline(cell)
         base = self._run_one(base_cell, mode, env_hook)

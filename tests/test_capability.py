@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.judge.verdict import UNSUPPORTED_CLASSES
+from pytest_rlkernel_matrix.judge.decide import UNSUPPORTED_CLASSES
 from pytest_rlkernel_matrix.machine import preflight as pf
 from pytest_rlkernel_matrix.machine.capability import (
     R_MODULES,

@@ -486,7 +486,7 @@ def test_engines_rr_probe_every_operator_bitwise_and_vocab_kl_zero(
     """R/R in real vLLM (decode-step taps) against Megatron-core's recompute: every operator
     of both layers bitwise at every probed token, vocabulary KL exactly 0, and the probed
     tokens' logprobs are the ones the run reported."""
-    from pytest_rlkernel_matrix.judge.probe import localise, read_probes
+    from pytest_rlkernel_matrix.judge.localise.probe import localise, read_probes
 
     art = _engines_probe_run(tmp_path, checkpoint, dict.fromkeys(MODULES, "R/R"))
     loc = localise(art / "probes", root=art)
@@ -512,7 +512,7 @@ def test_engines_rr_probe_every_operator_bitwise_and_vocab_kl_zero(
 @ENGINES_RUN
 def test_engines_perturb_drill_names_exactly_that_operator_on_the_rollout(
         checkpoint: Path, tmp_path: Path) -> None:
-    from pytest_rlkernel_matrix.judge.probe import localise
+    from pytest_rlkernel_matrix.judge.localise.probe import localise
 
     op = "model.layers.1.mlp.down_proj"
     art = _engines_probe_run(tmp_path, checkpoint, dict.fromkeys(MODULES, "R/R"),
@@ -562,7 +562,7 @@ def test_engines_rlk_probe_localises_attention_pr_in_layer0_training(
 
 def test_engines_operator_module_is_the_judges() -> None:
     from pytest_rlkernel_matrix.engines.probe import operator_module
-    from pytest_rlkernel_matrix.judge.probe import operator_module as judged
+    from pytest_rlkernel_matrix.judge.localise.probe import operator_module as judged
     from pytest_rlkernel_matrix.workload.probe import operator_names
 
     for op in [*operator_names(3), "log_softmax"]:

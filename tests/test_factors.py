@@ -241,8 +241,8 @@ def test_stale_weight_sync_under_real_updates(pytester: pytest.Pytester, tmp_pat
 
 
 def test_comparison_stops_where_the_training_weights_diverge(tmp_path: Path) -> None:
-    from pytest_rlkernel_matrix.judge.evidence import Evidence
-    from pytest_rlkernel_matrix.judge.factors import weights_diverge
+    from pytest_rlkernel_matrix.judge.localise.factors import weights_diverge
+    from pytest_rlkernel_matrix.judge.read.evidence import Evidence
     from pytest_rlkernel_matrix.report.attribution import attribute_factors
 
     def ev(*shas: str) -> Evidence:

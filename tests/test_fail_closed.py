@@ -17,8 +17,8 @@ import torch
 from cellkit import RUN_ID, CellKit
 
 from pytest_rlkernel_matrix import cli
-from pytest_rlkernel_matrix.judge import evidence as evidence_mod
-from pytest_rlkernel_matrix.judge.logscan import MAX_LINE_BYTES, scan_log
+from pytest_rlkernel_matrix.judge.read import evidence as evidence_mod
+from pytest_rlkernel_matrix.judge.read.logscan import MAX_LINE_BYTES, scan_log
 from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 
@@ -270,7 +270,7 @@ def test_rank_files_alike_at_both_ends_are_not_called_byte_identical(tmp_path: P
     """The sidecars' sha256 is taken only for files whose size and first and last 4 KiB agree
     (`evidence._exact_digests`): one byte changed in the middle is another file, a copy the
     same file."""
-    from pytest_rlkernel_matrix.judge import evidence
+    from pytest_rlkernel_matrix.judge.read import evidence
 
     k = kit(tmp_path)
     data = k.sidecar()

@@ -14,7 +14,7 @@ from cellkit import CellKit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_rlkernel_matrix.judge.evidence import read_evidence
+from pytest_rlkernel_matrix.judge.read.evidence import read_evidence
 from pytest_rlkernel_matrix.store.atomic import json_safe
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import pytest_rlkernel_matrix
 
 PKG = "pytest_rlkernel_matrix"
@@ -112,7 +114,7 @@ def _circles() -> list[list[str]]:
 
 def test_the_import_graph_is_read() -> None:
     # a sanity check of the reader itself: known edges, module level and inside functions
-    assert ("pytest_rlkernel_matrix.judge.evidence", False) in GRAPH[f"{PKG}.report.record"]
+    assert ("pytest_rlkernel_matrix.judge.read.evidence", False) in GRAPH[f"{PKG}.report.record"]
     assert any(d == f"{PKG}.session" for d, _ in GRAPH[f"{PKG}.plugin"])  # inside a function
     assert (f"{PKG}.workload.weights", False) in GRAPH[f"{PKG}.workload.kernels"]  # relative
 
@@ -163,16 +165,76 @@ def test_old_import_paths_work_for_one_release_with_a_warning() -> None:
 
     code = ("import warnings; warnings.simplefilter('always')\n"
             "with warnings.catch_warnings(record=True) as seen:\n"
-            "    from pytest_rlkernel_matrix.verdict import decide\n"
-            "    from pytest_rlkernel_matrix.evidence import read_evidence\n"
             "    from pytest_rlkernel_matrix.report import analyze_run, write_json_atomic\n"
-            "from pytest_rlkernel_matrix.judge.verdict import decide as d2\n"
             "from pytest_rlkernel_matrix.store.atomic import write_json_atomic as w2\n"
-            "assert decide is d2 and write_json_atomic is w2\n"
+            "assert write_json_atomic is w2\n"
             "print(sorted({str(w.message).split()[0] for w in seen\n"
             "              if w.category is DeprecationWarning}))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert out.strip() == str(sorted([
-        "pytest_rlkernel_matrix.evidence", "pytest_rlkernel_matrix.report.analyze_run",
-        "pytest_rlkernel_matrix.report.write_json_atomic", "pytest_rlkernel_matrix.verdict"]))
+        "pytest_rlkernel_matrix.report.analyze_run",
+        "pytest_rlkernel_matrix.report.write_json_atomic"]))
+
+
+JUDGE = f"{PKG}.judge"
+VALIDITY = ("route", "semantic", "numeric", "performance", "reproducibility")
+
+
+def _judge_part(module: str) -> str | None:
+    """The judge's part a module belongs to: read, a layer, localise, findings, decide, None."""
+    if not module.startswith(JUDGE + "."):
+        return None
+    return module[len(JUDGE) + 1:].split(".")[0]
+
+
+def test_the_judge_is_organised_by_the_five_validity_layers() -> None:
+    for part in ("read", *VALIDITY, "localise"):
+        doc = ast.get_docstring(ast.parse((ROOT / "judge" / part / "__init__.py").read_text()))
+        assert doc is not None and "May import" in doc and "Owns" in doc, part
+    assert sorted(p.name for p in (ROOT / "judge").glob("*.py")) == [
+        "__init__.py", "decide.py", "findings.py"]
+
+
+def test_judge_imports_run_one_way() -> None:
+    """read/ imports no layer; a layer (and localise/) imports only read/, findings and its own
+    modules of the judge, never another layer; findings imports nothing of the package;
+    decide imports the layers."""
+    wrong = []
+    for module, deps in GRAPH.items():
+        part = _judge_part(module)
+        if part is None or module == JUDGE:
+            continue
+        for dep, _typing_only in deps:
+            dep_part = _judge_part(dep)
+            if part == "findings" and dep.startswith(PKG + "."):
+                wrong.append(f"{module} -> {dep}")
+            if dep_part is None or dep_part == part:
+                continue
+            if part == "read" or (part in (*VALIDITY, "localise")
+                                  and dep_part not in ("read", "findings")):
+                wrong.append(f"{module} -> {dep}")
+    assert wrong == []
+    decide = {d for d, _ in GRAPH[f"{JUDGE}.decide"]}
+    assert all(any(d.startswith(f"{JUDGE}.{layer}.") for d in decide) for layer in
+               ("route", "semantic", "numeric", "performance", "reproducibility"))
+
+
+def test_decide_reads_no_file() -> None:
+    source = (ROOT / "judge" / "decide.py").read_text()
+    assert "open(" not in source and "read_bytes" not in source and "read_text" not in source
+    assert not any(d.startswith(f"{PKG}.store") for d, _ in GRAPH[f"{JUDGE}.decide"])
+
+
+def test_the_bootstrap_of_steps_draws_as_stats_does() -> None:
+    from pytest_rlkernel_matrix.judge.performance import stats
+    from pytest_rlkernel_matrix.judge.reproducibility import steps
+
+    assert (steps.RESAMPLES, steps.SEED) == (stats.RESAMPLES, stats.SEED)
+
+
+@pytest.mark.parametrize("gone", ["verdict", "evidence"])
+def test_the_top_level_shims_are_gone(gone: str) -> None:
+    assert not (ROOT / f"{gone}.py").exists()
+    with pytest.raises(ModuleNotFoundError):
+        __import__(f"{PKG}.{gone}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.judge.stats import level
+from pytest_rlkernel_matrix.judge.performance.stats import level
 from pytest_rlkernel_matrix.report.attribution import comparisons, family_policy
 from pytest_rlkernel_matrix.report.perf import performance
 from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix

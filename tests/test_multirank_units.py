@@ -129,7 +129,7 @@ def test_missing_collective_backend_blocks_a_multi_rank_cell(tmp_path: Path) -> 
 def test_cp_slices_merge_to_one_sample_and_a_missing_slice_is_a_problem() -> None:
     import torch
 
-    from pytest_rlkernel_matrix.judge.sidecars import SIDECAR_SCHEMA, merge, read_sidecar
+    from pytest_rlkernel_matrix.judge.read.sidecars import SIDECAR_SCHEMA, merge, read_sidecar
     from pytest_rlkernel_matrix.workload.parallel import zigzag_response_offsets
 
     total, response = 11, 7
@@ -182,7 +182,7 @@ def test_merge_places_cp_spans_as_fancy_indexing_places_the_writers_offsets() ->
     `out[offsets] = values` over the CP ranks; a missing rank leaves its positions inactive."""
     import numpy as np
 
-    from pytest_rlkernel_matrix.judge.sidecars import (
+    from pytest_rlkernel_matrix.judge.read.sidecars import (
         SIDECAR_SCHEMA,
         merge,
         read_sidecar,

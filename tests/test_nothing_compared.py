@@ -16,8 +16,9 @@ import pytest
 import torch
 from cellkit import RUN_ID, CellKit
 
-from pytest_rlkernel_matrix.judge import factors, probe, steps
-from pytest_rlkernel_matrix.judge.metrics import Sample
+from pytest_rlkernel_matrix.judge.localise import factors, probe
+from pytest_rlkernel_matrix.judge.read.metrics import Sample
+from pytest_rlkernel_matrix.judge.reproducibility import steps
 
 # -- multi-step cells -----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_rlkernel_matrix.cli import markdown_table
-from pytest_rlkernel_matrix.judge.stats import (
+from pytest_rlkernel_matrix.judge.performance.stats import (
     DIRECTION,
     NOISE,
     ONE_PROCESS,
@@ -472,7 +472,7 @@ def test_xdist_workers_sharing_a_cpu_are_contamination(
 def test_interval_bounds_never_read_as_reaching_one() -> None:
     """An interval that excludes 1 by less than 0.005 shows three decimals: '[0.79, 0.997]
     faster', never '[0.79, 1.00] faster' (seen on the H200, wave 10)."""
-    from pytest_rlkernel_matrix.judge.stats import bounds
+    from pytest_rlkernel_matrix.judge.performance.stats import bounds
 
     assert bounds(0.7927, 0.9968) == "[0.79, 0.997]"
     assert bounds(1.0031, 1.2) == "[1.003, 1.20]"

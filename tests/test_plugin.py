@@ -191,7 +191,8 @@ def test_full_pairwise_run_report_and_dedup(pytester: pytest.Pytester, make_matr
     for cell in report["cells"]:
         missing = [f for f in REQUIRED_FIELDS if f not in cell]
         assert not missing, (cell["module"], cell["case"], missing)
-        assert set(cell["validity"]) == {"route", "semantic", "numeric", "performance"}
+        assert set(cell["validity"]) == {"route", "semantic", "numeric", "performance",
+                                         "reproducibility"}
     # R/R of every module is one run, in one directory, reported three times.
     baselines = [c for c in report["cells"] if c["case"] == "R/R"]
     assert {c["artifact_dir"] for c in baselines} == {"cpu/attention-rr"}

@@ -1,4 +1,4 @@
-"""The analysis' imports (`judge/preload.py`): started by a session as its first cell launches,
+"""The analysis' imports (`judge/read/preload.py`): started by a session as its first cell launches,
 joined (and the wait counted as the cell's `import_wait_s`) before the first analysis; never in a
 session that runs no cell. Each session runs in its own process: this suite's process has torch
 imported already (conftest.py)."""
@@ -16,7 +16,7 @@ import pytest
 SPY = '''
 import json, sys
 from pathlib import Path
-from pytest_rlkernel_matrix.judge import preload
+from pytest_rlkernel_matrix.judge.read import preload
 
 SEEN = []
 
@@ -50,7 +50,7 @@ def test_the_first_cell_starts_the_imports_and_its_record_counts_the_wait(
     assert first == {"case": "R/R", "started": False, "torch": False, "numpy": False}
     # ... and the analysis never needed torch (sidecars read as numpy arrays)
     assert second == {"case": "P/R", "started": True, "torch": False, "numpy": True}
-    assert {"numpy", "pytest_rlkernel_matrix.judge.evidence"} <= set(spy["imported"])
+    assert {"numpy", "pytest_rlkernel_matrix.judge.read.evidence"} <= set(spy["imported"])
     assert "torch" not in spy["imported"]
     assert spy["failed"] == {}
     cells = {c["case"]: c for c in json.loads((root / "matrix-report.json").read_text())["cells"]}

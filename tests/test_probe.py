@@ -1,4 +1,5 @@
-"""Per-operator probes (issue 21): the reference workload writes them, judge/probe.py localises.
+"""Per-operator probes (issue 21): the reference workload writes them, judge/localise/probe.py
+localises.
 
 Real subprocess runs of the reference workload (one short step), real probe files."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.judge.probe import (
+from pytest_rlkernel_matrix.judge.localise.probe import (
     localise,
     probe_positions,
     read_probes,
@@ -310,7 +311,7 @@ def test_errored_cell_gets_a_note_and_a_completed_drifting_one_a_probe_run(
 
 
 def test_probe_plan() -> None:
-    from pytest_rlkernel_matrix.judge.probe import probe_plan
+    from pytest_rlkernel_matrix.judge.localise.probe import probe_plan
 
     done = {"exit_code": 0, "timed_out": False, "verdict": "valid", "mismatch_count": 3}
     assert probe_plan(done) == "probe"

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlkernel_matrix.judge import accounting
-from pytest_rlkernel_matrix.judge import profile as pf
-from pytest_rlkernel_matrix.judge.logscan import PHASE_KEYS, scan_log
+from pytest_rlkernel_matrix.judge.localise import profile as pf
+from pytest_rlkernel_matrix.judge.performance import accounting
+from pytest_rlkernel_matrix.judge.performance.phases import phases
+from pytest_rlkernel_matrix.judge.read.logscan import PHASE_KEYS, scan_log
 from pytest_rlkernel_matrix.workload.env import FaultDrill, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def test_log_phases_carry_unattributed_median_and_share(tmp_path: Path) -> None:
         lines.append(f"perf {step}: {{'perf/step_time': {step_time}, 'perf/train_time': 2.0, "
                      f"'perf/update_weights_time': 1.0, 'perf/rlk_debug_time': 0.25}}")
     (tmp_path / "run.log").write_text("\n".join(lines) + "\n")
-    medians, spread = scan_log(tmp_path / "run.log").phases(warmup=1)
+    medians, spread = phases(scan_log(tmp_path / "run.log"), warmup=1)
     assert medians["unattributed_wall_time"] == pytest.approx(4.0)
     assert medians["unattributed_share"] == pytest.approx(0.4)
     assert medians["debug_wall_time"] == 0.25
@@ -230,7 +231,7 @@ def test_slow_drill_shows_in_the_profile_as_ffn_rollout_kernels(tmp_path: Path) 
 def test_step_is_fully_accounted_in_a_measured_run(tmp_path: Path) -> None:
     manifest = _run(tmp_path / "m", "R/R R/R R/R", profile=False)
     assert manifest["profile"]["enabled"] is False and manifest["timing"]["debug_work"]
-    medians, _ = scan_log(tmp_path / "m" / "run.log").phases()
+    medians, _ = phases(scan_log(tmp_path / "m" / "run.log"))
     # the weight audit is off the step clock and named; what is left in no phase is tiny
     assert medians["debug_wall_time"] is not None and medians["debug_wall_time"] > 0
     assert medians["unattributed_share"] is not None
@@ -406,7 +407,7 @@ def test_profile_section_and_a_refused_profile_run(tmp_path: Path) -> None:
 def test_profile_lines_name_kernels_short() -> None:
     """A CUDA kernel's C++ name (thousands of characters of template arguments, seen on the
     H200) is shortened in the lines; the record keeps it whole."""
-    from pytest_rlkernel_matrix.judge.profile import short_kernel
+    from pytest_rlkernel_matrix.judge.localise.profile import short_kernel
 
     long = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<"
             "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>"

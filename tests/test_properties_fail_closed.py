@@ -20,13 +20,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_nothing_compared import OPS, TOKENS, audit, probe_file
 
-from pytest_rlkernel_matrix.judge import factors, probe, steps
-from pytest_rlkernel_matrix.judge.coverage import call_gaps
-from pytest_rlkernel_matrix.judge.evidence import Evidence
-from pytest_rlkernel_matrix.judge.metrics import Sample
-from pytest_rlkernel_matrix.judge.sidecars import merge, read_sidecar
-from pytest_rlkernel_matrix.judge.upstream import judge_weight_audit, read_weight_audits
-from pytest_rlkernel_matrix.judge.upstream_rules import upstream_findings
+from pytest_rlkernel_matrix.judge.localise import factors, probe
+from pytest_rlkernel_matrix.judge.read.calls import call_gaps
+from pytest_rlkernel_matrix.judge.read.evidence import Evidence
+from pytest_rlkernel_matrix.judge.read.metrics import Sample
+from pytest_rlkernel_matrix.judge.read.sidecars import merge, read_sidecar
+from pytest_rlkernel_matrix.judge.read.upstream import read_weight_audits
+from pytest_rlkernel_matrix.judge.reproducibility import steps
+from pytest_rlkernel_matrix.judge.route.rules import upstream_findings
+from pytest_rlkernel_matrix.judge.semantic.weights import judge_weight_audit
 from pytest_rlkernel_matrix.report import cache
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
@@ -245,7 +247,7 @@ def test_a_truthy_fallback_anywhere_in_a_record_is_found(key: str, value: Any, d
 
 def _sidecar(rank: int, tp: int, cp: int, value: float = 0.0) -> dict[str, Any]:
     total, resp = 12, 8
-    from pytest_rlkernel_matrix.judge.sidecars import response_offsets
+    from pytest_rlkernel_matrix.judge.read.sidecars import response_offsets
 
     keep = response_offsets(total, resp, cp, (rank // tp) % cp)
     t = torch.arange(resp, dtype=torch.float32) + value

@@ -1,4 +1,4 @@
-"""judge/ptread.py: the fast `.pt` reader accepts only what `torch.load(weights_only=True)`
+"""judge/read/ptread.py: the fast `.pt` reader accepts only what `torch.load(weights_only=True)`
 accepts, gives the same values, and hands everything else to `torch.load(weights_only=True)`."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import torch
 from ptzip import members, rezip
 
-from pytest_rlkernel_matrix.judge import ptread
-from pytest_rlkernel_matrix.judge.ptread import read_pt
+from pytest_rlkernel_matrix.judge.read import ptread
+from pytest_rlkernel_matrix.judge.read.ptread import read_pt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,6 +65,10 @@ def _refused(raw: bytes, *words: str) -> str:
     assert said.startswith("bad.pt: ")
     for w in words:
         assert w in said, said
+    if isinstance(info.value, ptread.OutOfBounds):  # out of the reading bounds: never torch's
+        with pytest.raises(ptread.OutOfBounds):
+            read_pt(raw, torch, "bad.pt")
+        return said
     try:
         want = _torch(raw)
     except Exception as exc:
@@ -262,7 +266,7 @@ def test_a_memo_index_that_would_make_the_c_unpickler_allocate_gigabytes_is_refu
     import sys
 
     raw = _rezip(_saved({"x": 1}), b"\x80\x02Nr" + (1 << 26).to_bytes(4, "little") + b".")
-    code = ("import sys; from pytest_rlkernel_matrix.judge import ptread\n"
+    code = ("import sys; from pytest_rlkernel_matrix.judge.read import ptread\n"
             "try:\n    ptread.load(sys.stdin.buffer.read(), 'big-memo.pt')\n"
             "except ptread.Unsupported as exc:\n    print(exc)\n"
             "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')]\n"
@@ -352,8 +356,8 @@ def test_the_plugin_and_judge_do_not_import_torch_for_the_reader() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, pytest_rlkernel_matrix.judge.ptread, "
-            "pytest_rlkernel_matrix.judge.evidence;"
+    code = ("import sys, pytest_rlkernel_matrix.judge.read.ptread, "
+            "pytest_rlkernel_matrix.judge.read.evidence;"
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['numpy']"  # evidence needs numpy; nothing imports torch
@@ -362,7 +366,7 @@ def test_the_plugin_and_judge_do_not_import_torch_for_the_reader() -> None:
 # -- numpy arrays instead of tensors (`load_arrays`: what the sidecar reader uses) -------------
 
 def _as_numpy(t: torch.Tensor) -> Any:
-    from pytest_rlkernel_matrix.judge.sidecars import float_array
+    from pytest_rlkernel_matrix.judge.read.sidecars import float_array
 
     return float_array(t, "x") if t.dim() == 1 else (
         t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
@@ -371,7 +375,7 @@ def _as_numpy(t: torch.Tensor) -> Any:
 def test_numpy_arrays_hold_torch_s_values_bit_for_bit() -> None:
     import numpy as np
 
-    from pytest_rlkernel_matrix.judge.sidecars import float_array
+    from pytest_rlkernel_matrix.judge.read.sidecars import float_array
 
     base = torch.arange(12, dtype=torch.float32)
     every16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
@@ -397,8 +401,8 @@ def test_numpy_arrays_hold_torch_s_values_bit_for_bit() -> None:
 
 
 def test_a_sidecar_read_as_arrays_gives_the_shards_tensors_give(tmp_path: Path) -> None:
-    from pytest_rlkernel_matrix.judge import evidence
-    from pytest_rlkernel_matrix.judge.sidecars import read_sidecar
+    from pytest_rlkernel_matrix.judge.read import evidence
+    from pytest_rlkernel_matrix.judge.read.sidecars import read_sidecar
 
     side = tmp_path / "mismatch-sidecars"
     side.mkdir()

@@ -1,4 +1,4 @@
-"""judge/ptread.py against `torch.load(weights_only=True)`, differentially: structure-level
+"""judge/read/ptread.py against `torch.load(weights_only=True)`, differentially: structure-level
 mutations of the zip container and a corpus of hostile pickles. For every file, whatever the
 reader makes of it, (1) a value it gives is the value torch gives, bit for bit (never a file
 torch refuses, never other values), and (2) `read_pt` (the reader, else torch.load) ends as
@@ -22,7 +22,7 @@ from ptzip import members as _members
 from ptzip import write as _write
 from test_ptread import _raw, _saved
 
-from pytest_rlkernel_matrix.judge import ptread
+from pytest_rlkernel_matrix.judge.read import ptread
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -47,6 +47,11 @@ def _agree(raw: bytes) -> tuple[bool, bool, Any]:
     ok, want = _torch_load(raw)
     try:
         got = ptread.load(raw, "m.pt")
+    except ptread.OutOfBounds as exc:  # outside the reading bounds: refused, whatever torch does
+        assert str(exc).startswith("m.pt: ")
+        with pytest.raises(ptread.OutOfBounds):
+            ptread.read_pt(raw, torch, "m.pt")
+        return False, ok, want
     except ptread.Unsupported as exc:
         assert str(exc).startswith("m.pt: ")
         ours = False

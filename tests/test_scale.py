@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.judge.ptread import read_pt
+from pytest_rlkernel_matrix.judge.read.ptread import read_pt
 
 
 def _saved(obj: Any, **kwargs: Any) -> bytes:

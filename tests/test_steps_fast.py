@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.judge import evidence, steps
-from pytest_rlkernel_matrix.judge.metrics import compute, part_sums, pooled_figures
+from pytest_rlkernel_matrix.judge.read import evidence
+from pytest_rlkernel_matrix.judge.read.metrics import compute, part_sums, pooled_figures
+from pytest_rlkernel_matrix.judge.reproducibility import steps
 
 SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"
 TP, CP, SAMPLES, RESPONSE, PROMPT = 2, 2, 3, 40, 9
@@ -146,7 +147,7 @@ def test_batched_part_sums_and_counts_are_those_of_one_part_and_one_sample_at_a_
     """`part_sums` over a batch's concatenation gives each part's sums bit for bit (NaN, inf,
     k3 overflow, empty parts, -0.0, batches cut anywhere); `compute(counts=...)` gives the
     samples' `sample_counts`."""
-    from pytest_rlkernel_matrix.judge import metrics
+    from pytest_rlkernel_matrix.judge.read import metrics
 
     rng = np.random.default_rng(7)
     for trial in range(120):

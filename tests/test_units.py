@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_rlkernel_matrix.judge.logscan import scan_log
-from pytest_rlkernel_matrix.judge.metrics import Sample, compute
+from pytest_rlkernel_matrix.judge.performance.phases import phases
+from pytest_rlkernel_matrix.judge.read.logscan import scan_log
+from pytest_rlkernel_matrix.judge.read.metrics import Sample, compute
 from pytest_rlkernel_matrix.run.runner import render_case_env
 from pytest_rlkernel_matrix.spec.cells import Cases, expand
 from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, MatrixSection, load_matrix
@@ -67,7 +68,7 @@ def test_metrics_percentiles_and_nan() -> None:
 def test_log10_histogram_is_numpys_on_sorted_values() -> None:
     """The histogram of log10 |delta| taken from the sorted values (`log10_histogram`) gives
     numpy's edges and counts: ties, values on the edges, one value, tiny and huge ranges."""
-    from pytest_rlkernel_matrix.judge.metrics import log10_histogram
+    from pytest_rlkernel_matrix.judge.read.metrics import log10_histogram
 
     rng = np.random.default_rng(5)
     edge_case = 10.0 ** np.histogram_bin_edges(np.log10([1e-6, 1.0]), bins=20)
@@ -135,7 +136,7 @@ def test_logscan(tmp_path: Path) -> None:
         "perf 3: {'perf/step_time': __import__('os')}\n"
     )
     scan = scan_log(log)
-    medians, spread = scan.phases(warmup=1)
+    medians, spread = phases(scan, warmup=1)
     assert medians["step_wall_time"] == 5.0          # median of steps 1..2 after warm-up drop
     assert spread["step_wall_time"]["warmup_dropped"] == 1
     assert medians["rollout_wall_time"] == 2.0
@@ -169,7 +170,7 @@ def test_case_env_redacts_secrets(tmp_path: Path) -> None:
 def test_sidecar_tp_replicas_are_read_and_cp_masks_are_sliced_at_logit_positions() -> None:
     import torch
 
-    from pytest_rlkernel_matrix.judge.sidecars import SIDECAR_SCHEMA, merge, read_sidecar
+    from pytest_rlkernel_matrix.judge.read.sidecars import SIDECAR_SCHEMA, merge, read_sidecar
 
     # total 10, response 8: prompt 2, logit positions [1, 9), chunks of 3 positions
     full_mask = [torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from cellkit import CellKit
 
-from pytest_rlkernel_matrix.judge.upstream_rules import (
+from pytest_rlkernel_matrix.judge.route.rules import (
     declared_policy,
     record_rules,
     triton_use,

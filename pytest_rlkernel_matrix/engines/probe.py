@@ -123,7 +123,7 @@ def _same(t: Tensor) -> Tensor:
 
 def operator_module(op: str) -> str | None:
     """The matrix module an operator belongs to (attention, ffn, logp), None for the embedding
-    (the judge's `judge.probe.operator_module`; engines may not import the judge)."""
+    (the judge's `judge.localise.probe.operator_module`; engines may not import the judge)."""
     if op.endswith(".input_layernorm") or ".self_attn." in op:
         return "attention"
     if op.endswith(".post_attention_layernorm") or ".mlp." in op:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.accounting import unattributed_note
-from pytest_rlkernel_matrix.judge.stats import (
+from pytest_rlkernel_matrix.judge.performance.accounting import unattributed_note
+from pytest_rlkernel_matrix.judge.performance.stats import (
     DIRECTION,
     NOISE,
     ONE_PROCESS,
@@ -35,7 +35,8 @@ DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max"
 PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time",
           "unattributed_wall_time", "step_wall_time")
 # The phases a performance statement compares (report/perf.py): unattributed time is shown and
-# named (judge/accounting.py), but it is no phase a side's R runs in, so no comparison of it.
+# named (judge/performance/accounting.py), but it is no phase a side's R runs in, so no comparison
+# of it.
 COMPARED_PHASES = tuple(p for p in PHASES if p != "unattributed_wall_time")
 CELLS = ("R/R", "P/R", "R/P", "P/P")
 

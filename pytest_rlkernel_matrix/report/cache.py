@@ -1,11 +1,15 @@
 """The per-cell analysis cache of `rlk-matrix report`: `<root>/.rlk-cache/<cell dir>.json`.
 
 An entry holds a cell's record and the key it was made under: the analysis version
-(`record.ANALYSIS_VERSION`) and the plugin's version, the inputs of `analyze_run` that are not
-files (cell, mode, artifact directory, the matrix file's expected gaps) and the identity of
-every file under the run directory: path, type, size and `mtime_ns`, plus the sha256 of every
-file that is not a `.pt` (the JSON, logs and env files; small) and, for a file not hashed (a
-`.pt`, a large or non-regular file), its inode and `ctime_ns`, which no rewrite can put back.
+(`record.ANALYSIS_VERSION`), the plugin's version and the judging code itself (`judge_code`: a
+sha256 over the source of every module that decides, `JUDGING_CODE`; a record cached by one
+judge is never served by another that judges differently, whatever its version says), the
+policy the cell was recorded with (`cell-run.json`'s `policy`, also hashed as a file), the
+inputs of `analyze_run` that are not files (cell, mode, artifact directory, the matrix file's
+expected gaps) and the identity of every file under the run directory: path, type, size and
+`mtime_ns`, plus the sha256 of every file that is not a `.pt` (the JSON, logs and env files;
+small) and, for a file not hashed (a `.pt`, a large or non-regular file), its inode and
+`ctime_ns`, which no rewrite can put back.
 The key also holds the same identity of every other directory the cell's judgement reads
 (`extra_dirs`: the repeat run `<run>.repeatN` of `run_to_run_bitwise`, and whatever a
 provider registered with `register_extra_dirs` names). A record is reused only when the
@@ -26,6 +30,7 @@ Anything else (a copied root, a file touched or rewritten) is hashed again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +49,40 @@ from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 CACHE_DIR = ".rlk-cache"
 HASH_CAP = 256 * 2**20  # a non-.pt file larger than this is identified by size + mtime only
 SETTLED_NS = 2 * 10**9  # a stored hash is reused only for files unchanged this long before it
+
+
+# What decides a cell's record: the judge (every layer and its reading), the specs it applies,
+# the record's assembly and the contamination rules (relative to the package).
+JUDGING_CODE = ("judge", "spec", "report/record.py", "run/contamination.py")
+
+
+def code_digest(paths: list[Path]) -> str:
+    """sha256 over every `.py` file under `paths` (files or folders): each file's path relative
+    to its folder and its bytes, in sorted order."""
+    digest = hashlib.sha256()
+    for top in paths:
+        files = [top] if top.is_file() else sorted(top.rglob("*.py"))
+        for path in files:
+            rel = path.name if path == top else path.relative_to(top).as_posix()
+            digest.update(f"{top.name}/{rel}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def judge_code_digest() -> str:
+    """`code_digest` of this installation's judging code (`JUDGING_CODE`), once per process."""
+    package = Path(__file__).resolve().parent.parent
+    return code_digest([package / rel for rel in JUDGING_CODE])
+
+
+def _policy_of(run_dir: Path) -> Any:
+    """The policy in the run's `cell-run.json` (None when absent or unreadable: the file's
+    identity says the rest)."""
+    with suppress(OSError, ValueError, UnicodeDecodeError, RecursionError):
+        meta = json.loads((run_dir / "cell-run.json").read_bytes()[: 64 * 2**20])
+        return meta.get("policy") if isinstance(meta, dict) else None
+    return None
 
 
 def _sha256(path: str, size: int = -1) -> str:
@@ -199,6 +238,9 @@ def cache_key(run_dir: Path, inputs: Mapping[str, Any],
     extra = {p.name if p.parent == run_dir.parent else str(p): _dir_identity(p, None)
              for p in extra_dirs(run_dir)}
     return Key({"analysis_version": _record.ANALYSIS_VERSION, "plugin_version": __version__,
+                "judge_code": judge_code_digest(),
+                "policy": json.loads(json.dumps(_policy_of(run_dir), sort_keys=True,
+                                                default=repr)),
                 "inputs": json.loads(json.dumps(inputs, sort_keys=True, default=repr)),
                 "files": files, "extra_dirs": extra}, stamps, hashed_ns, hashed)
 
@@ -211,6 +253,11 @@ def _why(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     for name in ("analysis_version", "plugin_version"):
         if old.get(name) != new[name]:
             return f"{name.replace('_', ' ')} {old.get(name)} != {new[name]}"
+    if old.get("judge_code") != new["judge_code"]:
+        return (f"judging code changed ({str(old.get('judge_code'))[:12]} != "
+                f"{new['judge_code'][:12]})")
+    if old.get("policy") != new["policy"]:
+        return "the cell's policy (cell-run.json) changed"
     if old.get("inputs") != new["inputs"]:
         keys = sorted(k for k in new["inputs"] if (old.get("inputs") or {}).get(k)
                       != new["inputs"][k])

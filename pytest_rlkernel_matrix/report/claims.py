@@ -1,7 +1,8 @@
 """The three reproducibility claims as people read them: one terminal line per run of an all-R
 baseline (or of a cell run twice), the claims table and the drift-over-steps chart of the HTML.
 
-Everything here reads a cell record (``claims`` and ``steps``, from ``judge/steps.py``) as plain
+Everything here reads a cell record (``claims`` and ``steps``, from
+``judge/reproducibility/steps.py``) as plain
 data; a missing or malformed part is said ("not judged", "no per-step series"), never guessed.
 The HTML views are plain strings and numbers: the template escapes them.
 """

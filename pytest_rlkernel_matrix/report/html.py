@@ -238,7 +238,7 @@ def _factor_rows(report: Mapping[str, Any]) -> View | None:
 def _attribution(report: Mapping[str, Any]) -> View | None:
     entries = [e for e in _list(report.get("attribution")) if isinstance(e, Mapping)]
     factors = _factor_rows(report)
-    profile = [str(line) for line in _list(report.get("profile"))]  # judge/profile.py
+    profile = [str(line) for line in _list(report.get("profile"))]  # judge/localise/profile.py
     if not entries and factors is None and not profile:
         return None
     rows = []

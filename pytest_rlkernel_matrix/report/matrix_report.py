@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlkernel_matrix import __version__
-from pytest_rlkernel_matrix.judge.accounting import table_cell as unattributed_cell
-from pytest_rlkernel_matrix.judge.profile import terminal_lines as profile_lines
+from pytest_rlkernel_matrix.judge.localise.profile import terminal_lines as profile_lines
+from pytest_rlkernel_matrix.judge.performance.accounting import table_cell as unattributed_cell
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
 from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
 
@@ -96,7 +96,7 @@ def counts_text(summary: Mapping[str, Any], timings: Mapping[str, Any] | None) -
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 # What `attribute` / `attribute_factors` compute with: a change to any of them is a new key.
-_ATTRIBUTION_SOURCES = ("report/attribution.py", "report/perf.py", "judge/stats.py",
+_ATTRIBUTION_SOURCES = ("report/attribution.py", "report/perf.py", "judge/performance/stats.py",
                         "spec/limits.py", "spec/terms.py")
 MEMO_FILE = "attribution.json"
 

@@ -6,7 +6,8 @@ other cells'). The cell's record is the correctness run's, judged as ever; this 
 
 - `measured`: per process its directory, whether its timings count, and the reason when not;
 - `phase_spread.<phase>.processes`: the measured steps of each process that counts (what the
-  hierarchical interval of `judge.stats` resamples: processes, then steps), and the phase
+  hierarchical interval of `judge.performance.stats` resamples: processes, then steps), and the
+  phase
   medians and spreads over all of them.
 
 A measured run counts only when it exited 0 (no timeout, no interruption), its analysis found no
@@ -116,7 +117,7 @@ def attach(record: dict[str, Any], run_dir: Path,
     found = measured_dirs(run_dir)
     if wanted <= 1 and not found:
         return
-    from pytest_rlkernel_matrix.judge.stats import summary
+    from pytest_rlkernel_matrix.judge.performance.stats import summary
 
     own = _own_reason(record)
     runs: list[dict[str, Any]] = [{"process": 1, "dir": ".", "role": "correctness",

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.stats import (
+from pytest_rlkernel_matrix.judge.performance.stats import (
     DIRECTION,
     ONE_PROCESS,
     bounds,

@@ -245,14 +245,15 @@ def _run_tasks(root: Path, todo: list[_Task], gaps: dict[str, tuple[Any, ...]], 
         return
     # fork: the workers start at once with this process's imports (the CLI runs no threads).
     # torch is not imported here: sidecars the `.pt` reader reads need none (numpy arrays,
-    # `judge.ptread.load_arrays`); a worker imports it only for a file that needs torch.load.
+    # `judge.read.ptread.load_arrays`); a worker imports it only for a file that needs torch.load.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    import pytest_rlkernel_matrix.judge.decide
+
     # What every cell's analysis imports (numpy among them), imported once here before the
     # workers fork, instead of once in each worker.
-    import pytest_rlkernel_matrix.judge.evidence
-    import pytest_rlkernel_matrix.judge.verdict
+    import pytest_rlkernel_matrix.judge.read.evidence
     import pytest_rlkernel_matrix.run.runner
     import pytest_rlkernel_matrix.spec.limits  # noqa: F401
 
@@ -301,7 +302,9 @@ def attach_comparisons(records: list[dict[str, Any]], root: Path,
                                       "reasons": [f"no record of {base_id} in the report"]}
         own = rec.get("artifact_dir")
         rel = base.get("artifact_dir")
-        from pytest_rlkernel_matrix.judge.factors import factor_block  # numpy: factor cells only
+        from pytest_rlkernel_matrix.judge.localise.factors import (
+            factor_block,  # numpy: factor cells only
+        )
 
         rec["factor"] = factor_block(rec, f, base_id, root / own if own else None,
                                      root / rel if rel else None, base)

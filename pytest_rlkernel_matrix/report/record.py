@@ -23,20 +23,22 @@ from pytest_rlkernel_matrix.spec.terms import ALL_MODULES
 from pytest_rlkernel_matrix.store.redact import Scrubber
 
 if TYPE_CHECKING:  # the readers and the judge (numpy, pydantic) load only when a cell is read
-    from pytest_rlkernel_matrix.judge.evidence import Evidence
-    from pytest_rlkernel_matrix.judge.verdict import Decision
+    from pytest_rlkernel_matrix.judge.decide import Decision
+    from pytest_rlkernel_matrix.judge.read.evidence import Evidence
     from pytest_rlkernel_matrix.run.runner import RunResult
     from pytest_rlkernel_matrix.spec.matrix import ExpectedGap
 
 CELL_RUN_FILE = "cell-run.json"
 # The analysis of the same artifacts gives other records when this changes: bump it with any
 # change to the readers, the verdict or the record (it invalidates `rlk-matrix report`'s cache).
-ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
+ANALYSIS_VERSION = 6  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: stale weight
 # notes; 4: runtime exposure and hooks cross-checked, per-cell .pt memo (issues 20, 24);
 # 5: the route that ran, from the readback and the route lines (`ran`, issue 32);
 # nothing compared is not judged, (rank, call) coverage, strict claims (issue 34)
 # 5: measured runs (`<run>/measured.<k>`, report.measured) and the owned share (issue 33)
-SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
+# 6: the judge by validity layers, allow-list route rules, bounded reading (issue 44); the cache
+# also keys on the judging code's digest (report/cache.py), so a bump is no longer required there
+SIDES = ("training", "rollout")  # judge.read.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
     "active_token_count", "logprob_abs_diff_mean", "logprob_abs_diff_max",
@@ -66,8 +68,9 @@ def _route_lines(ev: Evidence, module: str, side: str) -> tuple[list[str], list[
     """(implementations, `actual=` backends) the run.log route lines give for one side of one
     module: `rl_kernel` for an RL-Kernel backend, one under the run's declared runtime policy (its
     own R) or `implementation=rl_kernel`, else `production`."""
-    from pytest_rlkernel_matrix.judge.upstream import is_rlkernel_backend, side_of
-    from pytest_rlkernel_matrix.judge.upstream_rules import declared_policy, own_backend
+    from pytest_rlkernel_matrix.judge.read.upstream import side_of
+    from pytest_rlkernel_matrix.judge.route.crosscheck import is_rlkernel_backend
+    from pytest_rlkernel_matrix.judge.route.rules import declared_policy, own_backend
 
     own, _ = declared_policy(ev.runtime_policies)  # a run's own R backends, as the verdict reads
     impls: list[str] = []
@@ -100,7 +103,7 @@ def ran(wanted: str, reported: Sequence[str | None]) -> str | None:
 
 
 def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
-    from pytest_rlkernel_matrix.judge.upstream import native_logp_evidence
+    from pytest_rlkernel_matrix.judge.route.crosscheck import native_logp_evidence
 
     routes: dict[str, Any] = {}
     for module in cell.cases.modules:
@@ -157,12 +160,9 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
 
 def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     """What the record says about RL-Kernel's own artifact forms (docs/en/conformance.md)."""
-    from pytest_rlkernel_matrix.judge.upstream import (
-        bitwise_validation_status,
-        native_logp_evidence,
-        route_form,
-    )
-    from pytest_rlkernel_matrix.judge.verdict import exposure_of
+    from pytest_rlkernel_matrix.judge.read.upstream import bitwise_validation_status, route_form
+    from pytest_rlkernel_matrix.judge.route.crosscheck import native_logp_evidence
+    from pytest_rlkernel_matrix.judge.semantic.judge import exposure_of
 
     bv = ev.bitwise_validation
     status, detail = bitwise_validation_status(bv) if isinstance(bv, dict) else (None, "")
@@ -217,9 +217,10 @@ def analyze_run(
     Every string in it is scrubbed of secret values (`redact`): the session passes the scrubber
     that knows the cell's secrets; without one, the secrets of this process's environment.
     """
-    from pytest_rlkernel_matrix.judge.evidence import pt_memo, read_evidence
-    from pytest_rlkernel_matrix.judge.profile import attach_profile
-    from pytest_rlkernel_matrix.judge.verdict import Policy, decide
+    from pytest_rlkernel_matrix.judge.decide import decide
+    from pytest_rlkernel_matrix.judge.localise.profile import attach_profile
+    from pytest_rlkernel_matrix.judge.read.evidence import pt_memo, read_evidence
+    from pytest_rlkernel_matrix.judge.read.policy import Policy
     from pytest_rlkernel_matrix.run.runner import RunResult
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 
@@ -270,7 +271,8 @@ def analyze_run(
 
 
 def _attach_localisation(record: dict[str, Any], run_dir: Path) -> None:
-    """The latest probe run's ``localisation.json`` (``judge/probe.py``), if the cell has one;
+    """The latest probe run's ``localisation.json`` (``judge/localise/probe.py``), if the cell has
+    one;
     else its ``probe-note.json`` (probing was asked for, but the run timed out or errored)."""
     from pytest_rlkernel_matrix.store.safeio import Refused, newest_followup, read_bytes
 
@@ -345,13 +347,14 @@ def build_record(
     decision: Decision,
     fingerprints: Mapping[str, str],
 ) -> dict[str, Any]:
-    from pytest_rlkernel_matrix.judge.metrics import FIGURE_CONVENTION
-    from pytest_rlkernel_matrix.judge.verdict import contract_id
+    from pytest_rlkernel_matrix.judge.numeric.judge import contract_id
+    from pytest_rlkernel_matrix.judge.performance.phases import phases as phases_of
+    from pytest_rlkernel_matrix.judge.read.metrics import FIGURE_CONVENTION
     from pytest_rlkernel_matrix.run.contamination import read_measurement
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 
     metrics = ev.metrics.as_dict() if ev.metrics else {}
-    phases, spread = ev.log.phases(int(meta.get("warmup", 0)))
+    phases, spread = phases_of(ev.log, int(meta.get("warmup", 0)))
     record: dict[str, Any] = {
         "hardware": cell.hardware,
         "module": cell.module,

@@ -114,7 +114,7 @@ def test_figures_follow_upstreams_sign_and_estimators() -> None:
 
     import numpy as np
 
-    from pytest_rlkernel_matrix.judge.metrics import Sample, compute
+    from pytest_rlkernel_matrix.judge.read.metrics import Sample, compute
 
     train = np.array([-1.0, -2.0, -3.0], dtype=np.float32)
     roll = np.array([-1.5, -2.0, -2.75], dtype=np.float32)  # delta = train - rollout

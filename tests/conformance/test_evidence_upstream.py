@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from cellkit import SIDES, CellKit
 
-from pytest_rlkernel_matrix.judge.upstream import read_weight_audits
+from pytest_rlkernel_matrix.judge.read.upstream import read_weight_audits
 
 NATIVE = ("linear_logp native active: backend_id=vime.utils.ppo_utils."
           "calculate_log_probs_and_entropy contract_id=vime.native.linear_logp.v1 "

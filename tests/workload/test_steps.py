@@ -1,4 +1,5 @@
-"""Real RL steps in the reference job and the three claims judged over them (judge/steps.py)."""
+"""Real RL steps in the reference job and the three claims judged over them
+(judge/reproducibility/steps.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from pathlib import Path
 import pytest
 from test_job import run_cell
 
-from pytest_rlkernel_matrix.judge.steps import compare_runs, judge_claims, read_steps, trend
+from pytest_rlkernel_matrix.judge.reproducibility.steps import (
+    compare_runs,
+    judge_claims,
+    read_steps,
+    trend,
+)
 from pytest_rlkernel_matrix.report.claims import claim_lines, steps_chart
 
 STEPS = ["--num-prompts", "4", "--max-new-tokens", "10", "--micro-batch-size", "3"]

@@ -12,7 +12,7 @@ Three claims are judged here apart from today's numeric (single-step) judgement:
   "not judged: reason".
 
 The drift trend is the least-squares slope of the per-step active-token mean |dlogp| with a
-percentile-bootstrap interval over steps (fixed seed, ``stats.RESAMPLES`` draws), following the
+percentile-bootstrap interval over steps (fixed seed, ``RESAMPLES`` draws), following the
 timing rule of ``stats.py``: "grows" when the interval lies above 0, "flat" when every step has
 the same value or the interval lies inside +-5% of the mean level per step, else "no conclusion".
 """
@@ -28,20 +28,23 @@ from typing import Any
 
 import numpy as np
 
-from pytest_rlkernel_matrix.judge import evidence as _ev
-from pytest_rlkernel_matrix.judge.coverage import call_gaps, versions_vs_calls
-from pytest_rlkernel_matrix.judge.metrics import (
+from pytest_rlkernel_matrix.judge.read import evidence as _ev
+from pytest_rlkernel_matrix.judge.read.calls import call_gaps, versions_vs_calls
+from pytest_rlkernel_matrix.judge.read.metrics import (
     DriftMetrics,
     PartSums,
     SampleCounts,
     compute,
     pooled_from_sums,
 )
-from pytest_rlkernel_matrix.judge.sidecars import float_array, merge
-from pytest_rlkernel_matrix.judge.stats import RESAMPLES, SEED
+from pytest_rlkernel_matrix.judge.read.policy import CLAIMS
+from pytest_rlkernel_matrix.judge.read.sidecars import float_array, merge
 from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, listing, read_bytes
 
-CLAIMS = ("train_rollout_bitwise", "run_to_run_bitwise", "weights_bitwise")
+# The drift trend's bootstrap: the same draws and seed as performance/stats.py (a layer imports no
+# other layer; tests/test_layout.py holds the two equal).
+RESAMPLES = 4000
+SEED = 20240601
 _NAME = re.compile(r"^rank(\d+)\.call(\d+)\.pt$")
 FLAT_FRACTION = 0.05
 MIN_TREND_STEPS = 3

@@ -329,7 +329,7 @@ PROFILE_NOTE_FILE = "profile-note.json"
 
 def profile_plan(record: dict[str, Any], launcher: str = "local") -> str:
     """``"profile"`` (start a profile run) or why none may follow the cell's run."""
-    from pytest_rlkernel_matrix.judge.probe import probe_refusal
+    from pytest_rlkernel_matrix.judge.localise.probe import probe_refusal
 
     why = probe_refusal(record)
     if why is None and launcher != "local":

@@ -2,12 +2,13 @@
 
 Readers are tolerant of version differences: unknown keys are ignored, missing or unreadable
 artifacts become `problems` (reasons), never exceptions. `.pt` files are read by
-`judge.ptread.read_pt_dict` (the one `.pt` reader, with `torch.load(weights_only=True)`'s
+`judge.read.ptread.read_pt_dict` (the one `.pt` reader, with `torch.load(weights_only=True)`'s
 semantics: torch's layout and values, else `torch.load(weights_only=True)`) over the bytes
 read through `store.safeio`
 (capped, regular files inside the run directory); torch is imported only when a `.pt` file
 exists. Within `pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step
-claims (`judge.steps`) get the same loaded object and the same problems as the evidence did.
+claims (`judge.reproducibility.steps`) get the same loaded object and the same problems as the
+evidence did.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from pytest_rlkernel_matrix.judge import ptread
-from pytest_rlkernel_matrix.judge.logscan import LogScan, scan_log
-from pytest_rlkernel_matrix.judge.metrics import (
+from pytest_rlkernel_matrix.judge.read import ptread
+from pytest_rlkernel_matrix.judge.read.logscan import LogScan, scan_log
+from pytest_rlkernel_matrix.judge.read.metrics import (
     DriftMetrics,
     PartSums,
     Sample,
@@ -37,7 +38,7 @@ from pytest_rlkernel_matrix.judge.metrics import (
     part_sums,
     sample_counts,
 )
-from pytest_rlkernel_matrix.judge.sidecars import (
+from pytest_rlkernel_matrix.judge.read.sidecars import (
     LIST_FIELDS,
     Merged,
     Shard,
@@ -48,7 +49,7 @@ from pytest_rlkernel_matrix.judge.sidecars import (
     merge,
     read_sidecar,
 )
-from pytest_rlkernel_matrix.judge.upstream import WeightAudit, read_weight_audits, side_of
+from pytest_rlkernel_matrix.judge.read.upstream import WeightAudit, read_weight_audits, side_of
 from pytest_rlkernel_matrix.store.safeio import (
     MAX_JSON_BYTES,
     MAX_PT_BYTES,
@@ -207,7 +208,7 @@ def _read_readback(ev: Evidence, path: Path) -> None:
             cap["capability_decisions"] = []
         cap.setdefault("status", data.get("status", "unknown"))
         ev.capability.append({"side": side, "source": path.name, **cap})
-    if "runtime_policy" in data:  # a run's own backends, declared (judge/upstream_rules.py)
+    if "runtime_policy" in data:  # a run's own backends, declared (judge/route/rules.py)
         ev.runtime_policies.append({"source": path.name, "policy": data["runtime_policy"]})
     operators = data.get("operators") or {}
     if not isinstance(operators, dict):
@@ -506,7 +507,8 @@ def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
 
 @dataclass
 class StepInputs:
-    """What the per-step series (`judge.steps`) needs of a cell whose sidecars read cleanly,
+    """What the per-step series (`judge.reproducibility.steps`) needs of a cell whose sidecars read
+    cleanly,
     from the cell's own merge: per call, its samples' `sample_counts` and its parts'
     `part_sums` in the order a merge of that call's sidecars alone sums them."""
 

@@ -227,42 +227,8 @@ def _legacy(wa: WeightAudit, data: Mapping[str, Any], rel: str, stem: str) -> No
     into[version] = sha
 
 
-def judge_weight_audit(wa: WeightAudit, mode: str, require_rollout: bool,
-                       ) -> tuple[list[str], list[str]]:
-    """(reasons, notes): reasons fail the semantic judgement, notes are only recorded."""
-    reasons: list[str] = list(wa.problems)
-    notes: list[str] = []
-    if not wa.training:
-        msg = "no weight-audit files: weight version not verified"
-        if mode == "off":
-            notes.append(msg)
-        elif not wa.problems:
-            reasons.append(msg + " (training rank 0 writes weight-audit/<version>.json)")
-        return reasons, notes
-    for version, sha in sorted(wa.rollout.items(), key=lambda kv: _version_key(kv[0])):
-        train = wa.training.get(version)
-        if train is None:
-            reasons.append(f"weight version {version}: the rollout side loaded a version the "
-                           "training side never exported")
-        elif train != sha:
-            reasons.append(f"weight version {version}: sides hold different weights (training "
-                           f"{train[:12]}, rollout {sha[:12]})")
-    for version in wa.rollout_readback_versions:
-        if version not in wa.training:
-            reasons.append(f"weight version {version}: a rollout readback reports a version "
-                           "the training side never exported")
-    if not wa.rollout_audited:
-        msg = ("weight audit: the rollout side is not audited by the framework (no "
-               "weight-audit/rollout/ and no weight_version in a rollout readback)")
-        if require_rollout and mode != "off":
-            reasons.append(msg + ": [matrix] require_rollout_weight_audit = true")
-        else:
-            notes.append(msg)
-    return reasons, notes
-
-
 # ---------------------------------------------------------------------------------------------
-# Route lines and the native logp marker.
+# Route lines (judged in judge/route/crosscheck.py).
 
 
 def route_form(routes: Iterable[Mapping[str, str]]) -> str | None:
@@ -270,63 +236,6 @@ def route_form(routes: Iterable[Mapping[str, str]]) -> str | None:
     forms = {"upstream" if "requested" in r or "actual" in r else "legacy"
              for r in routes if "module" in r}
     return "mixed" if len(forms) > 1 else next(iter(forms), None)
-
-
-def is_rlkernel_backend(backend: str) -> bool:
-    low = backend.lower()
-    return low.startswith("rlkernel.") and not low.endswith(".unidentified") and (
-        ".production" not in low)
-
-
-def log_route_findings(modules: Iterable[str], letter_of: Any, routes: Iterable[
-        Mapping[str, str]], own: Mapping[str, Any] | None = None,
-        ) -> tuple[list[str], list[str]]:
-    """(fallbacks, mismatches) from run.log route lines: `letter_of(module, side)` is P or R;
-    `own`: the run's declared runtime policy (its own R backends, `judge/upstream_rules.py`)."""
-    prefix = str(own["backend_prefix"]).lower() if own else None
-    fallbacks: list[str] = []
-    mismatches: list[str] = []
-    wanted = set(modules)
-    for route in routes:
-        module = route.get("module")
-        side = side_of(route.get("framework"), route.get("target"))
-        if module not in wanted or side is None:
-            continue
-        letter = letter_of(module, side)
-        where = f"{module} {side}"
-        requested, actual = route.get("requested"), route.get("actual")
-        impl = route.get("implementation")
-        if requested is None and actual is None:  # legacy form
-            if letter == "R" and impl is not None and impl != "rl_kernel":
-                fallbacks.append(f"{where}: run.log route line says implementation={impl} "
-                                 "although R was requested (fallback)")
-            continue
-        want = "rl_kernel" if letter == "R" else "production"
-        if requested is not None and requested != want:
-            mismatches.append(f"{where}: run.log route line says requested={requested} but the "
-                              f"case requests {want} ({letter})")
-        if actual is None:
-            continue
-        mine = prefix is not None and actual.lower().startswith(prefix)
-        if letter == "R" and not (is_rlkernel_backend(actual) or mine):
-            fallbacks.append(f"{where}: run.log route line says actual={actual[:120]} although "
-                             "R was requested: not an RL-Kernel backend (fallback)")
-        elif letter == "P" and (actual.lower().startswith("rlkernel.") or mine):
-            mismatches.append(f"{where}: run.log route line says actual={actual[:120]}, an "
-                              "R backend, although P was requested")
-    return fallbacks, mismatches
-
-
-def native_logp_evidence(markers: Iterable[str], logp_case: str) -> str | None:
-    """The run.log marker proving native Megatron logp ran for this case, or None."""
-    for line in markers:
-        if NATIVE_LOGP_MARKER in line and f"contract_id={NATIVE_LOGP_CONTRACT}" in line:
-            return line[line.index(NATIVE_LOGP_MARKER):][:300]
-        if SIDECAR_LOGP_MARKER in line:
-            case = line.split(SIDECAR_LOGP_MARKER, 1)[1].split()[:1]
-            if case and case[0].strip().upper() == logp_case:
-                return line[line.index(SIDECAR_LOGP_MARKER):][:300]
-    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,69 +10,16 @@ what the workload says the factor did (`manifest.json` `factors`). The words are
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pytest_rlkernel_matrix.judge.evidence import Evidence, read_evidence
-from pytest_rlkernel_matrix.judge.metrics import Sample
-from pytest_rlkernel_matrix.judge.upstream import WeightAudit
-from pytest_rlkernel_matrix.spec.cells import Cell
+from pytest_rlkernel_matrix.judge.read.evidence import Evidence, read_evidence
+from pytest_rlkernel_matrix.judge.read.metrics import Sample
 
 JUDGED_BASELINE = ("valid", "contract_mismatch")
-
-
-def weight_note(cell: Cell | None, version: str, shown: str, differ: bool) -> str:
-    """For a cell whose factor changes the rollout's weights: what its weight audits say
-    (differing audits are the factor's doing, equal ones say it did nothing); else ''."""
-    f = cell.factor if cell is not None else None
-    if f is None or f.expect != "weight_drift":
-        return ""
-    varies = f"{f.name}={f.variant}"
-    return f"weight version {version}: " + (
-        f"sides hold different weights ({shown}): expected, this cell varies {varies}"
-        if differ else f"both sides hold the same weights: {varies} did not change them")
-
-
-def weight_reasons(cell: Cell | None, reasons: list[str],
-                   audit: WeightAudit | None = None) -> list[tuple[bool, str]]:
-    """(fails, text) per weight-audit reason: differing weights in a weight-sync factor cell are
-    the factor's doing (a note naming the exported version the rollout holds, when it holds
-    one: a stale sync), everything else fails the semantic judgement."""
-    out = []
-    for reason in reasons:
-        hit = re.match(r"weight version (\S+): sides hold different weights \((.*)\)$", reason)
-        note = weight_note(cell, hit.group(1), _held(hit.group(1), hit.group(2), audit),
-                           True) if hit else ""
-        out.append((not note, note or reason))
-    return out
-
-
-def _held(version: str, shown: str, audit: WeightAudit | None) -> str:
-    """`shown`, plus which other exported version the rollout's weights are (if any)."""
-    sha = audit.rollout.get(version) if audit is not None else None
-    same = [v for v, t in (audit.training.items() if audit is not None else ())
-            if t == sha and v != version]
-    if not sha or not same:
-        return shown + ("; equal to no exported version" if sha else "")
-    older = same[0]
-    behind = (f", {int(version) - int(older)} behind" if version.isdigit() and older.isdigit()
-              else "")
-    return f"{shown}; the rollout holds exported version {older}{behind}"
-
-
-def factor_contract(cell: Cell) -> dict[str, Any] | None:
-    """A factor cell whose factor may change the drift has no contract (None: judged as usual)."""
-    f = cell.factor
-    if f is None or f.expect == "invariant":
-        return None
-    return {"kind": "none", "sources": {}, "problems": [],
-            "why": f"this cell varies {f.name}={f.variant} (expect {f.expect}): its "
-                   "train/rollout drift is measured and attributed against the baseline "
-                   "cell, not held to a contract"}
 
 
 def _drift(ev: Evidence) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
 Reads a probe directory (``docs/artifact-format.md``, "Probes": ``<side>.rank{r:05d}.pt`` +
 ``index.json``) with the same care as the other readers (capped reads inside the cell directory,
-``judge.ptread.read_pt``: ``torch.load(weights_only=True)`` or its one restricted reader, every
+``judge.read.ptread.read_pt``: ``torch.load(weights_only=True)`` or its one restricted reader, every
 field type-checked), then, per operator in forward order: bitwise equal or not, max |delta|,
 relative error; the first divergent operator with its side(s) and layer; the error's growth
 through the layers; and at the probed tokens the full-vocabulary figures (KL both ways, total
@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.ptread import read_pt_dict
+from pytest_rlkernel_matrix.judge.read.ptread import read_pt_dict
 from pytest_rlkernel_matrix.store.atomic import new_dir
 from pytest_rlkernel_matrix.store.safeio import Refused, listing, read_bytes
 
@@ -62,7 +62,7 @@ def probe_positions(run_dir: Path, budget: int, controls: int = 2) -> tuple[
     The first mismatching active token of each sample in sample order, then the second of each,
     ... up to ``budget - controls``; then matching active tokens as controls (all of the budget
     when nothing mismatches)."""
-    from pytest_rlkernel_matrix.judge.evidence import read_evidence
+    from pytest_rlkernel_matrix.judge.read.evidence import read_evidence
 
     ev = read_evidence(run_dir)
     problems = list(ev.problems) + list(ev.sample_problems)

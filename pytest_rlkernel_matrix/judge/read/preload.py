@@ -22,15 +22,16 @@ import importlib
 import threading
 import time
 
-# No torch: the evidence reads sidecars as numpy arrays (`judge/ptread.load_arrays`) and imports
+# No torch: the evidence reads sidecars as numpy arrays (`judge/read/ptread.load_arrays`) and
+# imports
 # torch only for a file that reader does not read, so preloading it would cost every session
 # seconds of CPU its analysis does not use.
 MODULES = (
     "numpy",
     "numpy.ma",
-    "pytest_rlkernel_matrix.judge.evidence",
-    "pytest_rlkernel_matrix.judge.verdict",
-    "pytest_rlkernel_matrix.judge.upstream",
+    "pytest_rlkernel_matrix.judge.read.evidence",
+    "pytest_rlkernel_matrix.judge.decide",
+    "pytest_rlkernel_matrix.judge.read.upstream",
 )
 
 # The thread waits this long (or until `join()`) before it imports: the session's own launch

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_rlkernel_matrix.judge.metrics import Sample
+from pytest_rlkernel_matrix.judge.read.metrics import Sample
 
 SIDECAR_SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"
 LEGACY_SCHEMAS = (SIDECAR_SCHEMA, "rlk-reference.mismatch_sidecar.v1")

@@ -27,7 +27,20 @@ Two layers, neither a parser of our own:
   on a list, no mark left open, nothing torch's own unpickler would read otherwise.
 
 Anything outside raises `Unsupported` naming the file; `read_pt` and `pt_dict` then call
-`torch.load(weights_only=True)` on the same bytes, so the outcome is torch's. torch is imported
+`torch.load(weights_only=True)` on the same bytes, so the outcome is torch's.
+
+Reading is bounded in memory and time, not only in bytes (`OutOfBounds`, final: such a file is
+never handed to torch.load, and torch.load's own result is held to the same bounds, `bounded`):
+before anything is materialised each tensor's element count, storage size and strides are
+checked against the file (a view with stride 0 in a dimension of more than one element, one
+that addresses more elements than its storage holds or reaches past it is refused), the values
+all tensors address together, counted per reference, stay within `ADDRESS_FACTOR` x the file's
+storage bytes + `ADDRESS_SLACK`; a file holds at most `MAX_VALUES` values (counted per
+reference, so a shared container counts each time it is reachable) nested at most `MAX_NEST`
+deep; and at most `MAX_BIG_INTS` integers past 32 bits (Python hashes an int modulo 2**61 - 1:
+a dict of many colliding ones takes time quadratic in their count to build, so they are counted
+in the stream before the unpickler builds anything). Keys nobody reads are walked, never copied:
+the numpy path's tensors are views of the file's bytes. torch is imported
 only to build torch tensors or to fall back, never at module load; `load_arrays` gives numpy
 arrays (bfloat16 widened exactly) without torch. docs/benchmarks.md has the measurements.
 """
@@ -35,6 +48,7 @@ arrays (bfloat16 widened exactly) without torch. docs/benchmarks.md has the meas
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import io
 import pickle
@@ -71,6 +85,18 @@ _DESCRIPTOR = struct.Struct("<4s3I")  # the data descriptor torch writes after e
 
 class Unsupported(Exception):
     """Outside what this reader reads (the message names the file); torch.load decides."""
+
+
+class OutOfBounds(Unsupported):
+    """Outside the reading bounds (the message names the file and what is out of bounds):
+    refused, never handed to torch.load (`read_pt` raises it)."""
+
+
+MAX_VALUES = 1 << 22
+MAX_NEST = 64
+MAX_BIG_INTS = 1024
+ADDRESS_FACTOR = 4
+ADDRESS_SLACK = 16 * 2**20
 
 
 # -- the container ------------------------------------------------------------------------------
@@ -203,7 +229,7 @@ def _rebuild_tensor_v2(*args: Any) -> _Tensor:
                 and requires_grad is False and type(hooks) is _Hooks):
             n, step = size[0], stride[0]
             if (type(n) is int and type(step) is int and 0 < n < _INT_LIMIT
-                    and 0 <= step < _INT_LIMIT and offset >= 0
+                    and (0 < step < _INT_LIMIT or n == 1) and offset >= 0
                     and offset + (n - 1) * step < len(storage.data) // storage.kind.itemsize):
                 return _Tensor(args)
     return _rebuild_checked(*args)
@@ -217,12 +243,35 @@ def _rebuild_checked(*args: Any) -> _Tensor:
             or not _ints(size) or not _ints(stride) or len(size) != len(stride)
             or requires_grad is not False or type(hooks) is not _Hooks):
         raise Unsupported("_rebuild_tensor_v2 arguments are not a CPU tensor's")
-    numel = len(storage.data) // storage.kind.itemsize
-    last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
-    if (offset > numel) if 0 in size else (last >= numel):
-        raise Unsupported(f"tensor (offset {offset}, size {size}, stride {stride}) outside "
-                          f"its storage of {numel} items")
+    _check_view(size, stride, offset, len(storage.data) // storage.kind.itemsize)
     return _Tensor(args)
+
+
+def _check_view(size: tuple[int, ...], stride: tuple[int, ...], offset: int, items: int) -> None:
+    """`OutOfBounds` for a view that would address more than its storage holds: a stride 0 in
+    a dimension of more than one element (an expanded tensor), more elements than the storage
+    holds (overlapping strides), or an extent past the storage's end."""
+    if 0 in size:
+        if offset > items:
+            raise OutOfBounds(f"tensor (offset {offset}, size {size}) outside its storage of "
+                              f"{items} items")
+        return
+    for n, s in zip(size, stride, strict=True):
+        if s == 0 and n > 1:
+            raise OutOfBounds(f"tensor of size {size} has stride 0 in a dimension of {n} "
+                              "elements (an expanded view: it would be materialised "
+                              f"{n} times from {items} stored items)")
+    numel = 1
+    for n in size:
+        numel *= n
+    if numel > items:
+        raise OutOfBounds(f"tensor of size {size}, stride {stride} addresses {numel} elements, "
+                          f"more than the {items} items of its storage: outside its storage "
+                          "or overlapping")
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    if last >= items or offset < 0:
+        raise OutOfBounds(f"tensor (offset {offset}, size {size}, stride {stride}) outside "
+                          f"its storage of {items} items")
 
 
 def OrderedDict(*args: Any) -> _Hooks:
@@ -308,6 +357,7 @@ def _scan(pkl: bytes) -> None:
     """Refuse opcodes outside `_OPCODES`, and LONG_BINPUT indices past 65,536 and the stream's
     size (no stream needs them; the C unpickler would first allocate a table that large)."""
     i, n, args, skip = 0, len(pkl), _ARGS, _FIXED.match
+    big = 0
     while i < n:
         i = skip(pkl, i).end()
         if i >= n:
@@ -326,6 +376,11 @@ def _scan(pkl: bytes) -> None:
             i += 4 + int.from_bytes(pkl[i:i + 4], "little")
         elif size == -1:
             i += 1 + pkl[i] if i < n else 1
+            big += 1  # LONG1: an int past 32 bits
+            if big > MAX_BIG_INTS:
+                raise OutOfBounds(f"data.pkl holds more than {MAX_BIG_INTS} integers past 32 "
+                                  "bits (many colliding ones as dict keys take quadratic time "
+                                  "to build)")
         elif size == -2:
             first = pkl.find(b"\n", i)
             i = pkl.find(b"\n", first + 1) + 1 if first >= 0 else 0
@@ -336,6 +391,72 @@ def _scan(pkl: bytes) -> None:
                 raise Unsupported("data.pkl has bytes after its STOP")
             return
     raise Unsupported("data.pkl has no STOP")
+
+
+# -- the bounds ---------------------------------------------------------------------------------
+
+def _fast_view(obj: Any) -> tuple[tuple[int, ...], tuple[int, ...], int, int, int, int] | None:
+    """(size, stride, offset, storage items, item size, storage id) of this reader's tensor."""
+    if type(obj) is not _Tensor:
+        return None
+    st, offset, size, stride = obj.args[:4]
+    return size, stride, offset, len(st.data) // st.kind.itemsize, st.kind.itemsize, id(st.data)
+
+
+def _torch_view(obj: Any) -> tuple[tuple[int, ...], tuple[int, ...], int, int, int, int] | None:
+    """The same of a torch tensor (torch.load's result)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    item = obj.element_size()
+    storage = obj.untyped_storage()
+    return (tuple(obj.shape), tuple(obj.stride()), int(obj.storage_offset()),
+            storage.nbytes() // item, item, storage.data_ptr())
+
+
+def bounded(obj: Any, view: Any = _torch_view) -> None:
+    """`OutOfBounds` unless `obj` (a file's loaded object) keeps the reading bounds (module
+    doc). Iterative; every reference counted (a container reachable twice counts twice)."""
+    values = 0
+    addressed = 0
+    storages: dict[int, int] = {}
+    stack: list[tuple[Any, int, str]] = [(obj, 0, "")]
+    while stack:
+        item, depth, path = stack.pop()
+        got = view(item)
+        if got is not None:
+            size, stride, offset, items, itemsize, sid = got
+            try:
+                _check_view(size, stride, offset, items)
+            except OutOfBounds as exc:
+                raise OutOfBounds(f"{path or 'the object'}: {exc}") from None
+            storages[sid] = items * itemsize
+            numel = 1
+            for n in size:
+                numel *= n
+            addressed += numel * itemsize
+            continue
+        kind = type(item)
+        if kind is dict:
+            children: Any = item.values()
+            label = [f"{path}[{k!r}]" for k in item] if depth < 8 else None
+        elif kind is list or kind is tuple:
+            children, label = item, None
+        else:
+            continue
+        values += len(item)
+        if values > MAX_VALUES:
+            raise OutOfBounds(f"holds more than {MAX_VALUES} values (counted per reference)")
+        if depth >= MAX_NEST:
+            raise OutOfBounds(f"{path or 'the object'}: nested deeper than {MAX_NEST}")
+        for i, child in enumerate(children):
+            if type(child) in _PLAIN:
+                continue
+            stack.append((child, depth + 1, label[i] if label else f"{path}[{i}]"))
+    stored = sum(storages.values())
+    if addressed > ADDRESS_FACTOR * stored + ADDRESS_SLACK:
+        raise OutOfBounds(f"its tensors address {addressed} bytes (counted per reference), "
+                          f"more than {ADDRESS_FACTOR} x the {stored} bytes it stores")
 
 
 # -- the values ---------------------------------------------------------------------------------
@@ -437,11 +558,12 @@ def load(raw: bytes, name: str = "<bytes>", *, arrays: str = "torch") -> Any:
             raise Unsupported("data.pkl names this reader's module")
         _scan(pkl)
         obj = _Unpickler(pkl, records).load()
+        bounded(obj, _fast_view)
         if _canonical(obj) != pkl:
             raise Unsupported("data.pkl is not what torch.save's pickler writes for its values")
         return _values(obj, (_numpy if arrays == "numpy" else _torch)({}), {}, set())
-    except Unsupported as exc:
-        raise Unsupported(f"{name}: {exc}") from None
+    except Unsupported as exc:  # (OutOfBounds included, kept as such)
+        raise type(exc)(f"{name}: {exc}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
             AttributeError, struct.error, RecursionError, OverflowError, MemoryError,
             UnicodeDecodeError, RuntimeError) as exc:
@@ -461,11 +583,41 @@ def read_pt(raw: bytes, torch: Any, name: str = "<bytes>") -> Any:
     `torch.load(weights_only=True)` on the same bytes; CPU tensors either way."""
     try:
         obj = load(raw, name)
+    except OutOfBounds:
+        raise
     except Exception:  # Unsupported, or anything unforeseen: torch's answer, never ours
         COUNTS["torch.load"] += 1
-        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        _big_ints_before_torch(raw, name)
+        obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        try:
+            bounded(obj)
+        except OutOfBounds as exc:
+            raise OutOfBounds(f"{name}: {exc}") from None
+        return obj
     COUNTS["fast"] += 1
     return obj
+
+
+def _big_ints_before_torch(raw: bytes, name: str) -> None:
+    """The `MAX_BIG_INTS` bound on a file this reader hands to torch.load, counted in its
+    pickle's opcodes before torch's unpickler builds anything (a file whose pickle cannot be
+    found or parsed here is torch's to refuse)."""
+    import pickletools
+
+    pkl = b""
+    with contextlib.suppress(Exception), zipfile.ZipFile(io.BytesIO(raw)) as zf:
+        names = [n for n in zf.namelist() if n.endswith("data.pkl")]
+        pkl = zf.read(names[0]) if len(names) == 1 else b""
+    if pkl.count(b"\x8a") + pkl.count(b"\x8b") <= MAX_BIG_INTS:
+        return
+    big = 0
+    with contextlib.suppress(Exception):
+        for op, _, _ in pickletools.genops(pkl):
+            if op.name in ("LONG1", "LONG4", "LONG"):
+                big += 1
+    if big > MAX_BIG_INTS:
+        raise OutOfBounds(f"{name}: data.pkl holds more than {MAX_BIG_INTS} integers past 32 "
+                          "bits (many colliding ones as dict keys take quadratic time to build)")
 
 
 def load_arrays(raw: bytes, name: str = "<bytes>") -> Any | None:
@@ -473,8 +625,8 @@ def load_arrays(raw: bytes, name: str = "<bytes>") -> Any | None:
     (the caller then reads the same bytes the torch way: `pt_dict`)."""
     try:
         obj = load(raw, name, arrays="numpy")
-    except Exception:  # Unsupported, or anything unforeseen: torch's way decides
-        return None
+    except Exception:  # Unsupported, or anything unforeseen (or out of bounds: `pt_dict`
+        return None    # then says why): torch's way decides
     COUNTS["fast"] += 1
     return obj
 

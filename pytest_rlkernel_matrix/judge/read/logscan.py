@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import ast
 import re
-import statistics
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from pytest_rlkernel_matrix.judge.accounting import SHARE, UNATTRIBUTED, unattributed_series
 from pytest_rlkernel_matrix.store.safeio import MAX_LOG_BYTES, Refused, open_regular
 
 MAX_LINE_BYTES = 256 * 1024
@@ -156,46 +154,6 @@ class LogScan:
         if self.traceback:
             out["traceback"] = self.traceback.strip().splitlines()[-1][:500]
         return out
-
-    def phase_series(self) -> dict[str, list[float]]:
-        """Per phase, the value of each `perf` record that has it, in step order."""
-        out: dict[str, list[float]] = {}
-        perf = sorted(self.records.get("perf", []), key=lambda r: r[0])
-        for name, keys in PHASE_KEYS.items():
-            # The first key (in priority order) that any record carries; never a mix of keys.
-            for key in keys:
-                values = [
-                    float(v) for _, rec in perf
-                    if isinstance(v := rec.get(key), (int, float)) and not isinstance(v, bool)
-                ]
-                if values:
-                    out[name] = values
-                    break
-        rest = unattributed_series(perf, PHASE_KEYS)  # step minus its phases (accounting.py)
-        if rest:
-            out[UNATTRIBUTED] = rest
-        return out
-
-    def phases(self, warmup: int = 0) -> tuple[dict[str, float | None], dict[str, object]]:
-        """Median per phase over the measured steps (the first `warmup` dropped) + spread."""
-        series = self.phase_series()
-        medians: dict[str, float | None] = dict.fromkeys((*PHASE_KEYS, UNATTRIBUTED))
-        spread: dict[str, object] = {}
-        for name, values in series.items():
-            measured = values[warmup:] if len(values) > warmup else values
-            if name == "peak_memory":
-                medians[name] = max(values)
-                continue
-            medians[name] = med = statistics.median(measured)
-            spread[name] = {
-                "n": len(measured), "min": min(measured), "max": max(measured),
-                "relative_spread": (max(measured) - min(measured)) / med if med > 0 else None,
-                "warmup_dropped": len(values) - len(measured),
-                "steps": measured,  # every measured step, for intervals (stats.py)
-            }
-        step, rest = medians.get("step_wall_time"), medians.get(UNATTRIBUTED)
-        medians[SHARE] = (rest / step if rest is not None and step else None)
-        return medians, spread
 
 
 def _kv(text: str) -> dict[str, str]:
