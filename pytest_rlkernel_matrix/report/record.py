@@ -36,6 +36,7 @@ ANALYSIS_VERSION = 5  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: 
 # 5: the route that ran, from the readback and the route lines (`ran`, issue 32);
 # nothing compared is not judged, (rank, call) coverage, strict claims (issue 34)
 # 5: measured runs (`<run>/measured.<k>`, report.measured) and the owned share (issue 33)
+ANALYSIS_VERSION = 6  # 6: importance-ratio figures (loss_impact), debugger/audit evidence (45)
 SIDES = ("training", "rollout")  # judge.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
@@ -415,6 +416,7 @@ def build_record(
         "first_mismatch": metrics.get("first_mismatch", []),
         "first_mismatch_summary": metrics.get("first_mismatch_summary", {}),
         "dlogp_histogram": metrics.get("histogram", {}),
+        "loss_impact": metrics.get("loss_impact") or None,  # judge.numeric.loss (issue 45)
     }
     return record
 

@@ -1,0 +1,1 @@
+"""judge.localise: placeholder docstring (the layer reorganisation supplies this package's own)."""

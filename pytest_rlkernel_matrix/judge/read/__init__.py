@@ -1,0 +1,1 @@
+"""judge.read: placeholder docstring (the layer reorganisation supplies this package's own)."""
