@@ -71,9 +71,12 @@ def test_figures_match_a_direct_computation(scale: float) -> None:
     assert loss["ratio_min"] == pytest.approx(ratios.min(), rel=1e-15)
     assert loss["ratio_max"] == pytest.approx(ratios.max(), rel=1e-15)
     assert loss["ratio_mean"] == pytest.approx(ratios.mean(), rel=1e-12)
-    for q in (0.1, 1.0, 50.0, 99.0, 99.9):
-        assert loss["ratio_quantiles"][f"p{q:g}"] == pytest.approx(
-            np.percentile(ratios, q), rel=1e-12)
+    for q in (50.0, 90.0, 99.0, 99.9):
+        assert loss["abs_log_ratio_quantiles"][f"p{q:g}"] == pytest.approx(
+            np.percentile(np.abs(np.log(ratios)), q), rel=1e-9)
+        band = math.exp(loss["abs_log_ratio_quantiles"][f"p{q:g}"])
+        inside = np.mean((ratios >= 1 / band * (1 - 1e-12)) & (ratios <= band * (1 + 1e-12)))
+        assert inside >= q / 100 - 1 / ratios.size
     steps = {s["step"]: s for s in loss["steps"]}
     assert sorted(steps) == sorted(want["steps"])
     for call, (n, c, u, k) in want["steps"].items():

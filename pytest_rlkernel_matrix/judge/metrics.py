@@ -328,7 +328,8 @@ def compute(samples: Sequence[Sample],
     # the worst tokens' scores: |delta|, inf where not finite (|d| when all are)
     _worst(out, samples, every, lengths, d, neq, score)
     from pytest_rlkernel_matrix.judge.numeric.loss import loss_impact  # (issue 45)
-    out.loss_impact = loss_impact(d, lengths, [s.call for s in samples], out.mismatch_count)
+    out.loss_impact = loss_impact(d, lengths, [s.call for s in samples], out.mismatch_count,
+                                  abs_sorted=ad)
     return out
 
 

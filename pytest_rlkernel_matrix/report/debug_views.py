@@ -16,10 +16,12 @@ def loss_rows(loss: Mapping[str, Any]) -> list[tuple[str, Any]]:
         return []
     rows: list[tuple[str, Any]] = [("importance ratio (loss)", str(loss.get("brief") or "-"))]
     if loss.get("exact") is False:
-        qs = _map(loss.get("ratio_quantiles"))
+        qs = _map(loss.get("abs_log_ratio_quantiles"))
         if qs:
-            rows.append(("ratio quantiles", ", ".join(f"{k} {float(v):.6g}" for k, v in
-                                                       qs.items() if isinstance(v, int | float))))
+            rows.append(("|log ratio| quantiles (= |dlogp|)", ", ".join(
+                f"{k} {float(v):.3g}" for k, v in qs.items() if isinstance(v, int | float))))
+        rows.append(("ratio min / max", f"{_fmt_d(loss.get('ratio_min'))} / "
+                                        f"{_fmt_d(loss.get('ratio_max'))}"))
         rows.append(("ratio mean (vime ratio0_mean)", _fmt_d(loss.get("ratio_mean"))))
         for key, label in (("clip", "outside PPO clip"), ("tis_truncated", "TIS truncated"),
                            ("mis_masked", "MIS masked")):

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # numpy loads when figures are made, not when the report form
 PPO_CLIP_EPS = 0.2  # vime's dlogp_diagnostics default (eps_clip)
 TIS_CAP = 2.0  # verl's rollout_is_threshold default (token-level truncated IS)
 MIS_UPPER = 2.0  # verl's token-level masked IS upper bound; lower = 1 / upper
-RATIO_QUANTILES = (0.1, 1.0, 50.0, 99.0, 99.9)  # percent
+QUANTILES = (50.0, 90.0, 99.0, 99.9)  # percent, of |log ratio|
 CONVENTION = ("ratio = exp(train - rollout) per active token; PPO clip: |ratio - 1| > eps "
               "(vime dlogp_diagnostics clipfrac0, eps 0.2); truncated IS: ratio > cap (verl "
               "rollout correction TIS, rollout_is_ratio_fraction_high, cap 2); masked IS: ratio "
@@ -75,13 +75,21 @@ DEFAULT = Thresholds()
 
 
 def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | np.ndarray,
-                mismatch_count: int, thresholds: Thresholds = DEFAULT) -> dict[str, Any]:
+                mismatch_count: int, thresholds: Thresholds = DEFAULT,
+                abs_sorted: np.ndarray | None = None) -> dict[str, Any]:
     """The importance-ratio figures of a cell and of each step.
 
     `delta`: float64 train - rollout over every active token of every sample, in sample order;
     `lengths`: each sample's active token count (they add up to `delta.size`); `calls`: each
     sample's call index (its step); `mismatch_count`: the active tokens that differ by value
-    (`!=`), so 0 with every delta finite means ratio exactly 1."""
+    (`!=`), so 0 with every delta finite means ratio exactly 1; `abs_sorted`: the finite |delta|
+    in ascending order, when already made (`metrics.compute` sorts them for its percentiles).
+
+    The flags compare ratios with the thresholds in log space (ratio > cap as delta > log(cap),
+    |ratio - 1| > eps as delta outside [log1p(-eps), log1p(eps)]), as verl's metrics do: the same
+    flags as in ratio space except for a delta within rounding of a boundary. The quantiles are
+    those of |log ratio| = |delta| (from the sorted values the drift percentiles use): p% of the
+    tokens have a ratio within [exp(-q), exp(q)]; the extremes are exact (min and max ratio)."""
     import numpy as np
 
     n = int(delta.size)
@@ -101,32 +109,34 @@ def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | n
     nonfinite = n - int(np.count_nonzero(finite))
     if mismatch_count == 0 and nonfinite == 0:  # every delta is 0 (-0.0 == +0.0): ratio 1
         out.update(exact=True, nonfinite_count=0, ratio_min=1.0, ratio_max=1.0,
-                   ratio_mean=1.0, ratio_quantiles={_q(q): 1.0 for q in RATIO_QUANTILES},
+                   ratio_mean=1.0, abs_log_ratio_quantiles={_q(q): 0.0 for q in QUANTILES},
                    **{f"{k}_count": 0 for k in ("clip", "tis_truncated", "mis_masked")},
                    **{f"{k}_fraction": 0.0 for k in ("clip", "tis_truncated", "mis_masked")},
                    steps=[_step(int(s), int(t), 0, 0, 0) for s, t in
                           zip(steps.tolist(), step_tokens.tolist(), strict=True)])
         out["brief"] = "ratio exactly 1"
         return out
-    with np.errstate(over="ignore", invalid="ignore"):
-        ratio = np.exp(delta)  # +inf -> inf, -inf -> 0, NaN -> NaN
-        clip = ~(np.abs(ratio - 1.0) <= thresholds.clip_eps)  # NaN: outside
-        tis = ~(ratio <= thresholds.tis_cap)
-        mis = ~((ratio >= thresholds.lower) & (ratio <= thresholds.mis_upper))
-    if nonfinite:  # (a delta of -inf gives ratio 0, inside the cap: no usable ratio all the same)
+    eps = thresholds.clip_eps
+    lo_clip, hi_clip = math.log1p(-eps), math.log1p(eps)
+    clip = (delta > hi_clip) | (delta < lo_clip)
+    tis = delta > math.log(thresholds.tis_cap)
+    mis = (delta > math.log(thresholds.mis_upper)) | (delta < math.log(thresholds.lower))
+    if nonfinite:  # NaN compares false and -inf gives ratio 0: no usable ratio, outside all
         clip, tis, mis = clip | ~finite, tis | ~finite, mis | ~finite
     per_step = [_grouped(flags, lengths, slot, steps.size) for flags in (clip, tis, mis)]
-    good = ratio[finite] if nonfinite else ratio
+    good = delta[finite] if nonfinite else delta
     out.update(exact=False, nonfinite_count=nonfinite)
     if good.size:
-        with np.errstate(invalid="ignore", over="ignore"):  # (a ratio past float64's range)
-            qs = np.percentile(good, RATIO_QUANTILES)
-            mean = float(good.mean())
-        out.update(ratio_min=float(good.min()), ratio_max=float(good.max()), ratio_mean=mean,
-                   ratio_quantiles={_q(q): float(v) for q, v in
-                                    zip(RATIO_QUANTILES, qs.tolist(), strict=True)})
+        if abs_sorted is None or abs_sorted.size != good.size:
+            abs_sorted = np.sort(np.abs(good))
+        with np.errstate(over="ignore"):  # (a ratio past float64's range is inf)
+            mean = float(np.exp(good).mean())
+            out.update(ratio_min=math.exp(float(good.min())),
+                       ratio_max=_exp(float(good.max())), ratio_mean=mean,
+                       abs_log_ratio_quantiles={
+                           _q(q): _sorted_quantile(abs_sorted, q) for q in QUANTILES})
     else:
-        out.update(ratio_min=None, ratio_max=None, ratio_mean=None, ratio_quantiles={})
+        out.update(ratio_min=None, ratio_max=None, ratio_mean=None, abs_log_ratio_quantiles={})
     for name, flags in (("clip", clip), ("tis_truncated", tis), ("mis_masked", mis)):
         count = int(np.count_nonzero(flags))
         out[f"{name}_count"] = count
@@ -135,6 +145,20 @@ def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | n
         steps.tolist(), step_tokens.tolist(), *(p.tolist() for p in per_step), strict=True)]
     out["brief"] = brief(out)
     return out
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 709.78 else math.inf
+
+
+def _sorted_quantile(ascending: np.ndarray, q: float) -> float:
+    """numpy's linear-method percentile `q` of values already in ascending order."""
+    n = ascending.size
+    at = q / 100.0 * (n - 1)
+    lo = math.floor(at)
+    hi = min(lo + 1, n - 1)
+    a, b = float(ascending[lo]), float(ascending[hi])
+    return a + (b - a) * (at - lo) if b != a else a
 
 
 def _q(q: float) -> str:
@@ -182,6 +206,9 @@ def brief(figures: Mapping[str, Any]) -> str:
     lo, hi = figures.get("ratio_min"), figures.get("ratio_max")
     if lo is not None and hi is not None:
         text += f"; ratio in [{lo:.4g}, {hi:.4g}]"
+    q99 = (figures.get("abs_log_ratio_quantiles") or {}).get("p99")
+    if isinstance(q99, int | float):
+        text += f", 99% of tokens within a factor {_exp(q99):.4g} of 1"
     if figures.get("nonfinite_count"):
         text += f"; {figures['nonfinite_count']} non-finite"
     return text
