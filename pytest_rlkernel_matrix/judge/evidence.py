@@ -117,6 +117,7 @@ class Evidence:
     manifest: dict[str, Any] | None = None
     log: LogScan = field(default_factory=LogScan)
     problems: list[str] = field(default_factory=list)
+    debugger: list[dict[str, Any]] = field(default_factory=list)  # localise.debugger (45)
     samples: list[Sample] = field(default_factory=list)  # the merged samples (probe tokens)
     operator_records: list[dict[str, Any]] = field(default_factory=list)  # {side, module,
     runtime_policies: list[dict[str, Any]] = field(default_factory=list)  # source, record}
@@ -624,7 +625,10 @@ def _read_weight_audit(ev: Evidence) -> None:
 def read_evidence(root: Path) -> Evidence:
     """Read every artifact of one run directory; never raises for a bad artifact."""
     ev = Evidence(root=root)
-    for reader in (_read_readbacks, _read_logprobs, _read_weight_audit, _read_small):
+    from pytest_rlkernel_matrix.judge.localise.debugger import read_debugger  # (issue 45)
+
+    for reader in (_read_readbacks, _read_logprobs, _read_weight_audit, _read_small,
+                   read_debugger):
         try:
             reader(ev)
         except Exception as exc:  # a reader bug or an unforeseen shape: fail closed, go on

@@ -327,9 +327,10 @@ def compute(samples: Sequence[Sample],
         return out
     # the worst tokens' scores: |delta|, inf where not finite (|d| when all are)
     _worst(out, samples, every, lengths, d, neq, score)
-    from pytest_rlkernel_matrix.judge.numeric.loss import loss_impact  # (issue 45)
+    from pytest_rlkernel_matrix.judge.numeric.loss import loss_impact, token_drift  # (45)
     out.loss_impact = loss_impact(d, lengths, [s.call for s in samples], out.mismatch_count,
                                   abs_sorted=ad)
+    out.loss_impact["token_drift"] = token_drift(samples, out.worst_tokens)
     return out
 
 

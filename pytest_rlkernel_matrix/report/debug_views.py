@@ -29,3 +29,86 @@ def loss_rows(loss: Mapping[str, Any]) -> list[tuple[str, Any]]:
                                               f"{loss.get('active_tokens')}"))
     rows.append(("ratio conventions", str(loss.get("convention") or "-")))
     return rows
+
+
+def debugger_view(results: Any) -> dict[str, Any] | None:
+    """RL-Kernel's debugger per bundle / replay: status, first divergence and its figures,
+    upstream's own report beside it; None when the cell has none."""
+    if not isinstance(results, list) or not results:
+        return None
+    rows = []
+    for r in results:
+        if not isinstance(r, Mapping):
+            continue
+        first = _map(r.get("first_divergence"))
+        theirs = _map(r.get("upstream_report"))
+        rows.append([
+            f"{r.get('kind')} {r.get('path')}", str(r.get("status")),
+            str(first.get("module", "-")), str(first.get("stage", "-")),
+            "-" if first.get("layer") is None else str(first.get("layer")),
+            str(first.get("side", "-")),
+            "-" if first.get("position") is None else str(first.get("position")),
+            "-" if not first else f"{first.get('bitwise_mismatches', '-')} / "
+                                  f"{first.get('elements', '-')}",
+            _fmt_d(first.get("max_abs_diff")), str(first.get("input_evidence", "-")),
+            "-" if not theirs else f"{theirs.get('status')} ({theirs.get('first_divergence')})",
+        ])
+    head = ["source", "status", "module", "stage", "layer", "side", "position",
+            "bits differ / elements", "max |diff|", "inputs", "upstream report"]
+    return {"head": head, "rows": rows, "cls": ""}
+
+
+def debugger_lines(records: Any) -> list[str]:
+    """The terminal's lines: each cell's first divergent boundary from the debugger."""
+    out = []
+    for rec in records:
+        for r in rec.get("debugger") or []:
+            if isinstance(r, Mapping) and r.get("summary"):
+                out.append(f"debugger {rec.get('hardware')} {rec.get('module')} "
+                           f"{rec.get('case')}: {r['summary']}")
+    return out
+
+
+W, H, LEFT, RIGHT, TOP, BOTTOM = 440, 150, 44, 10, 10, 30
+COLOURS = ("#0969da", "#cf222e", "#1a7f37", "#8250df", "#bc4c00")
+
+
+def token_drift_view(drift: Any) -> dict[str, Any] | None:
+    """Inline-SVG data (no script, no network) for the worst samples' dlogp along the
+    response: one polyline per sample, x = response position, y = train - rollout (linear,
+    symmetric about 0), masked positions left out."""
+    lines_in = [d for d in drift if isinstance(d, Mapping)] if isinstance(drift, list) else []
+    series = []
+    for d in lines_in:
+        pos = [p for p in d.get("positions") or [] if isinstance(p, int | float)]
+        val = [v for v in d.get("dlogp") or [] if isinstance(v, int | float)]
+        if pos and len(pos) == len(val):
+            series.append((d, pos, val))
+    if not series:
+        return None
+    xmax = max(max(p) for _, p, _ in series) or 1
+    ymax = max(max(abs(v) for v in val) for _, _, val in series) or 1.0
+    base = TOP + (H - TOP - BOTTOM) / 2
+
+    def x(p: float) -> str:
+        return f"{LEFT + (W - LEFT - RIGHT) * p / xmax:.1f}"
+
+    def y(v: float) -> str:
+        return f"{base - (H - TOP - BOTTOM) / 2 * v / ymax:.1f}"
+
+    lines = []
+    for i, (d, pos, val) in enumerate(series):
+        lines.append({"points": " ".join(f"{x(p)},{y(v)}" for p, v in zip(pos, val, strict=True)),
+                      "colour": COLOURS[i % len(COLOURS)],
+                      "title": f"sample {d.get('sample')} (rank {d.get('rank')}, step "
+                               f"{d.get('call')}): max |dlogp| {_fmt_d(d.get('max_abs'))} at "
+                               f"position {d.get('argmax')}"})
+    return {"w": W, "h": H, "lines": lines,
+            "axis": {"x1": LEFT, "x2": W - RIGHT, "y": f"{base:.1f}"},
+            "ticks": [{"x": LEFT - 4, "y": TOP + 8, "text": f"+{ymax:.2g}"},
+                      {"x": LEFT - 4, "y": f"{base + 3:.1f}", "text": "0"},
+                      {"x": LEFT - 4, "y": H - BOTTOM, "text": f"-{ymax:.2g}"}],
+            "caption": {"x": f"{(LEFT + W) / 2:.0f}", "y": H - 3,
+                        "text": f"response position (x, 0..{xmax:g}), dlogp = train - rollout "
+                                "(y)"},
+            "legend": [{"colour": ln["colour"], "text": ln["title"]} for ln in lines]}

@@ -26,7 +26,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import jinja2
 from pytest_rlkernel_matrix.report.claims import claims_rows, steps_chart
-from pytest_rlkernel_matrix.report.debug_views import loss_rows
+from pytest_rlkernel_matrix.report.debug_views import (
+    debugger_view,
+    loss_rows,
+    token_drift_view,
+)
 from pytest_rlkernel_matrix.report.html_parts import (
     DRIFT_CLASSES,
     DRIFT_FIELDS,
@@ -436,6 +440,8 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
         "claims": _table(("claim", "status", "detail"), claims_rows(c), "kv")
         if isinstance(c.get("claims"), Mapping) else None, "steps": steps_chart(c),
         "loc": localisation_view(_map(c.get("localisation"))),
+        "debugger": debugger_view(c.get("debugger")),
+        "token_drift": token_drift_view(_map(c.get("loss_impact")).get("token_drift")),
         "worst": _records_table(worst, ("sample", "rank", "position", "token_id",
                                         "train_logprob", "rollout_logprob", "abs_diff"))
         if worst else None,

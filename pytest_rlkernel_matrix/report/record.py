@@ -417,6 +417,7 @@ def build_record(
         "first_mismatch_summary": metrics.get("first_mismatch_summary", {}),
         "dlogp_histogram": metrics.get("histogram", {}),
         "loss_impact": metrics.get("loss_impact") or None,  # judge.numeric.loss (issue 45)
+        "debugger": getattr(ev, "debugger", None) or None,  # judge.localise.debugger (45)
     }
     return record
 

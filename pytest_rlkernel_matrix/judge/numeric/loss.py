@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy loads when figures are made, not when the report formats them
@@ -224,3 +225,49 @@ def loss_short(figures: Mapping[str, Any] | None) -> str:
     if figures.get("nonfinite_count"):
         text += f" nf {figures['nonfinite_count']}"
     return text
+
+
+DRIFT_SAMPLES = 3  # the worst samples drawn along the response
+DRIFT_POINTS = 400  # points per sample at most (each bucket keeps its largest |dlogp|)
+
+
+def token_drift(samples: Sequence[Any], worst_tokens: Sequence[Mapping[str, Any]],
+                ) -> list[dict[str, Any]]:
+    """For the samples holding the worst tokens (at most `DRIFT_SAMPLES`, worst first): dlogp =
+    train - rollout along the response at the active positions, thinned to `DRIFT_POINTS` by
+    keeping the largest |dlogp| of each bucket of consecutive positions (spikes survive)."""
+    import numpy as np
+
+    seen: list[tuple[Any, Any, Any]] = []
+    for w in worst_tokens:
+        key = (w.get("sample"), w.get("rank"), w.get("call"))
+        if key not in seen:
+            seen.append(key)
+        if len(seen) == DRIFT_SAMPLES:
+            break
+    index = {(s.sample, s.rank, s.call): s for s in samples}
+    out = []
+    for key in seen:
+        s = index.get(key)
+        if s is None:
+            continue
+        mask = s.mask.astype(bool) if s.mask.dtype != np.bool_ else s.mask
+        pos = np.flatnonzero(mask)
+        if not pos.size:
+            continue
+        with np.errstate(invalid="ignore"):
+            d = s.train[mask].astype(np.float64) - s.rollout[mask].astype(np.float64)
+        d = np.where(np.isfinite(d), d, np.nan)
+        if pos.size > DRIFT_POINTS:
+            edges = np.linspace(0, pos.size, DRIFT_POINTS + 1).astype(np.int64)
+            score = np.nan_to_num(np.abs(d), nan=np.inf)
+            pick = [int(a + np.argmax(score[a:b])) for a, b in pairwise(edges.tolist())
+                    if b > a]
+            pos, d = pos[pick], d[pick]
+        finite = np.isfinite(d)
+        top = int(np.argmax(np.abs(np.where(finite, d, 0.0))))
+        out.append({"sample": key[0], "rank": key[1], "call": key[2],
+                    "positions": pos[finite].tolist(), "dlogp": d[finite].tolist(),
+                    "max_abs": float(abs(d[top])) if finite.any() else None,
+                    "argmax": int(pos[top]), "active_tokens": int(np.count_nonzero(mask))})
+    return out
