@@ -151,3 +151,43 @@ def test_no_active_tokens_and_summary_only_carry_no_figures() -> None:
     assert compute([s]).loss_impact == {}
     s2 = Sample(np.zeros(3), np.ones(3), np.ones(3, bool), sample=0)
     assert compute([s2], summary_only=True).loss_impact == {}
+
+
+def test_a_drifting_cells_record_table_and_html(tmp_path) -> None:
+    """P/P-like drift end to end: the record's loss figures, the terminal table's IS ratio
+    column, the HTML's loss rows and the offline token drift chart (inline SVG, no script)."""
+    import copy
+    import shutil
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cellkit import CellKit
+    from test_html import PREFLIGHT, Page, sample_report
+
+    from pytest_rlkernel_matrix.report.html import render_html
+    from pytest_rlkernel_matrix.report.matrix_report import table
+
+    kit = CellKit(tmp_path / "a", module="ffn", case="P/P").write()
+    kit.write_sidecar(kit.sidecar(drift=0.5, drift_tokens=3))
+    shutil.copytree(Path(__file__).parent / "data" / "debugger" / "diverged",
+                    kit.dir / "debug" / "b")
+    rec = kit.analyze()
+    loss = rec["loss_impact"]
+    assert loss["exact"] is False and loss["clip_count"] == 3  # exp(0.5) - 1 > 0.2
+    drift = loss["token_drift"]
+    assert drift and drift[0]["max_abs"] == pytest.approx(0.5, abs=2e-3)
+    rows = table([rec])
+    assert "IS ratio" in rows[0] and "clip " in rows[1]
+    base = CellKit(tmp_path / "b").write().analyze()
+    assert base["loss_impact"]["brief"] == "ratio exactly 1"
+    report = copy.deepcopy(sample_report())
+    report["cells"] = [rec, base]
+    text = render_html(report, PREFLIGHT)
+    page = Page()
+    page.feed(text)
+    assert page.scripts == 1  # the page's own inline script only: the chart needs none
+    assert "outside the clip range (eps 0.2)" in text and "ratio exactly 1" in text
+    assert 'class="drift-along"' in text and "<polyline" in text
+    assert "localisation (RL-Kernel's consistency debugger)" in text and "mlp_output" in text
+    assert "http://" not in text.split("<body", 1)[1].replace("http://www.w3.org", "")
