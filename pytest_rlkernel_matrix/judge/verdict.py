@@ -582,6 +582,8 @@ def decide(
     policy = policy or Policy()
     route, mismatch, fallbacks = _judge_route(cell, mode, ev, policy.backend)
     semantic = _judge_semantic(ev, mode, policy, cell)
+    for reason in getattr(ev, "vime_semantic", []):  # vime's audit metadata (issue 45)
+        semantic.fail(reason)
     for reason in mismatch.reasons:
         semantic.fail(f"route: {reason}")
     numeric, contract, evidence_errors = _judge_numeric(ev, mode, cell, policy)

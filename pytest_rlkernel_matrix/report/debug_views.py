@@ -112,3 +112,30 @@ def token_drift_view(drift: Any) -> dict[str, Any] | None:
                         "text": f"response position (x, 0..{xmax:g}), dlogp = train - rollout "
                                 "(y)"},
             "legend": [{"colour": ln["colour"], "text": ln["title"]} for ln in lines]}
+
+
+def vime_rows(audit: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """vime's consistency audit of a cell as (label, text) rows; none without an audit."""
+    if not audit:
+        return []
+    rows: list[tuple[str, Any]] = []
+    for where, f in _map(audit.get("files")).items():
+        m = _map(_map(f).get("replay_manifest"))
+        if m:
+            cases = _map(m.get("batch_invariance_cases"))
+            rows.append((f"vime replay manifest ({where})",
+                         f"mode {m.get('mode')}, {m.get('sample_count')} samples; cases: "
+                         + ", ".join(f"{k} {v}" for k, v in cases.items())))
+        cube = _map(_map(f).get("result_cube"))
+        if cube:
+            rows.append((f"vime result cube ({where})",
+                         ", ".join(f"{k} {v}" for k, v in _map(cube.get("metrics")).items())))
+    metrics = _map(audit.get("rlk_audit_metrics"))
+    if metrics:
+        last = sorted(metrics, key=lambda s: int(s) if str(s).isdigit() else 0)[-1]
+        rows.append((f"rlk_audit_* (step {last} of {len(metrics)})",
+                     ", ".join(f"{k} {v:.4g}" for k, v in _map(metrics[last]).items()
+                               if isinstance(v, int | float))))
+    if audit.get("note"):
+        rows.append(("vime audit note", str(audit["note"])))
+    return rows

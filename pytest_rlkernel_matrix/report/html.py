@@ -30,6 +30,7 @@ from pytest_rlkernel_matrix.report.debug_views import (
     debugger_view,
     loss_rows,
     token_drift_view,
+    vime_rows,
 )
 from pytest_rlkernel_matrix.report.html_parts import (
     DRIFT_CLASSES,
@@ -417,6 +418,7 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
         *((f"|dlogp| {f.removeprefix('logprob_abs_diff_')}", _fmt_d(c.get(f)))
           for f in DRIFT_FIELDS),
         *_kl_rows(c), *loss_rows(_map(c.get("loss_impact"))),
+        *vime_rows(_map(c.get("vime_audit"))),
         ("nonfinite", c.get("nonfinite_count")),
         ("samples / ranks", f"{_fmt(c.get('sample_count'))} / {_fmt(c.get('rank_count'))}"),
         ("logprob source", c.get("logprob_source")),

@@ -418,6 +418,7 @@ def build_record(
         "dlogp_histogram": metrics.get("histogram", {}),
         "loss_impact": metrics.get("loss_impact") or None,  # judge.numeric.loss (issue 45)
         "debugger": getattr(ev, "debugger", None) or None,  # judge.localise.debugger (45)
+        "vime_audit": getattr(ev, "vime_audit", None),  # judge.read.vime_audit (45)
     }
     return record
 
