@@ -122,7 +122,8 @@ class Factors:
         if tap is not None and getattr(tap, "recording", False):
             raise UsageError("RLK_REF_BATCH_INVARIANCE: not with a probe run (the probe names "
                              "rows by sample; the neighbours would shift them)")
-        p = replay_cases.plan(self.batch_invariance, prompts, max_new, noise)
+        p = replay_cases.plan(self.batch_invariance, prompts, max_new, noise,
+                              getattr(model, "max_seq_len", None))
         effect.update(applied=True, note=p.note)
         parts = [run(model, k, p.prompts[s:s + p.size], p.max_new[s:s + p.size], temperature,
                      top_p, gen, graphs, ignore_eos, noise=p.noise[s:s + p.size],

@@ -9,8 +9,9 @@ kernel case, how many of the fixed samples' logprobs changed:
 - `same_sample_alone` (batch size, neighbouring samples): each sample decodes alone;
 - `same_sample_mixed_batch` (batch order, micro-batch membership): the samples decode in
   reverse order;
-- `padding_packing_variant` (padding side, packed order, micro-batch offset): a neighbour twice
-  the longest prompt's length goes first: every row gets more padding and another offset;
+- `padding_packing_variant` (padding side, packed order, micro-batch offset): a neighbour up to
+  twice the longest prompt's length (within the model's sequence limit) goes first and leaves
+  after one token: the prefill pads every row further and every row moves one down;
 - `active_token_density_variant` (active-mask density): each sample gets a neighbour that stops
   after one token, so the decode batch is twice as dense at the first step only;
 - `dynamic_sampling_keep_drop_variant` (dynamic-sampling keep/drop): each sample gets a twin of
@@ -47,8 +48,10 @@ class Plan:
     note: str
 
 
-def plan(case: str, prompts: list[Tensor], max_new: list[int], noise: Tensor) -> Plan:
-    """The layout of `case` for the fixed samples `prompts` (their noise rows `noise`)."""
+def plan(case: str, prompts: list[Tensor], max_new: list[int], noise: Tensor,
+         max_seq_len: int | None = None) -> Plan:
+    """The layout of `case` for the fixed samples `prompts` (their noise rows `noise`);
+    `max_seq_len`: the model's sequence limit (the padding neighbour stays within it)."""
     n = len(prompts)
     width = noise.shape[1]
     gen = torch.Generator(device=noise.device).manual_seed(NEIGHBOUR_SEED)
@@ -65,10 +68,13 @@ def plan(case: str, prompts: list[Tensor], max_new: list[int], noise: Tensor) ->
                     [order.index(i) for i in range(n)], "the samples decode in reverse order")
     if case == "padding_packing_variant":
         longest = max(prompts, key=lambda p: p.numel())
-        pad = torch.cat([longest, longest])
-        return Plan([pad, *prompts], [max(max_new), *max_new],
+        room = 2 * longest.numel() if max_seq_len is None else min(2 * longest.numel(),
+                                                                   max_seq_len - 1)
+        pad = torch.cat([longest, longest])[:max(room, longest.numel())]
+        return Plan([pad, *prompts], [1, *max_new],  # (it leaves after its first token)
                     torch.cat([fresh(1, width), noise]), n + 1, list(range(1, n + 1)),
-                    f"a {pad.numel()}-token neighbour first: more padding, every offset + 1")
+                    f"a {pad.numel()}-token neighbour first (longest prompt "
+                    f"{longest.numel()}): more padding, every row one further down")
     if case == "active_token_density_variant":
         jobs, new, rows, keep = [], [], [], []
         extra = fresh(n, width)

@@ -84,3 +84,11 @@ def test_a_bad_case_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLK_REF_BATCH_INVARIANCE", "sideways")
     with pytest.raises(UsageError, match="RLK_REF_BATCH_INVARIANCE='sideways'"):
         Factors.from_env()
+
+
+def test_the_padding_neighbour_stays_within_the_sequence_limit() -> None:
+    prompts = [torch.arange(30), torch.arange(12)]
+    noise = torch.rand(2, 34, generator=torch.Generator().manual_seed(0))
+    p = replay_cases.plan("padding_packing_variant", prompts, [34, 34], noise, max_seq_len=64)
+    assert p.prompts[0].numel() + p.max_new[0] <= 64 and p.prompts[0].numel() > 30
+    assert p.keep == [1, 2]
