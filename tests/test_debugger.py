@@ -180,3 +180,12 @@ def test_a_cells_partial_bundle_keeps_it_from_valid(tmp_path: Path) -> None:
     rec = kit.analyze()
     assert rec["verdict"] != "valid"
     assert any("debugger capture bundle debug/x" in r for r in rec["reasons"])
+
+
+def test_positions_and_offsets_are_checked_against_the_manifest(tmp_path: Path) -> None:
+    root = _copy("equal", tmp_path)
+    manifest = json.loads((root / "capture-manifest.json").read_text())
+    manifest["boundaries"][2]["positions"] = [0, 1, 2]  # the records hold position 3 too
+    (root / "capture-manifest.json").write_text(json.dumps(manifest))
+    _, problems = judge_cell(root)
+    assert any("positions [3] are not declared in the manifest" in p for p in problems)

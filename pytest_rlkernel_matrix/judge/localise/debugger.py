@@ -28,6 +28,7 @@ status or first divergence), naming both.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,15 @@ def compare_bundle(b: Bundle) -> dict[str, Any]:
             if set(rows) != selected:
                 berr.append(f"{side}: missing logical row coverage")
             for r in recs:
+                stray = sorted(set(r.piece.positions) - selected)
+                if stray:  # (upstream's writer refuses these; its analysis would skip them)
+                    berr.append(f"{side}: {r.file}: positions {stray[:6]} are not declared in "
+                                "the manifest")
+                if not spec.get("dynamic_width") and r.piece.offset + r.piece.value.shape[1] \
+                        > spec["width"]:
+                    berr.append(f"{side}: {r.file}: features {r.piece.offset}.."
+                                f"{r.piece.offset + r.piece.value.shape[1]} exceed the "
+                                f"manifest's width {spec['width']}")
                 width = r.piece.width
                 if spec.get("dynamic_width"):
                     if width is None or width < 1:
@@ -261,8 +271,6 @@ def compare_replay(r: Replay) -> dict[str, Any]:
             lerr.append("missing or inconsistent frozen sequence length")
         elif selected != set(range(next(iter(lengths)) - 1)):
             lerr.append("rollout position coverage is incomplete for the frozen sequence")
-        import json
-
         contracts = {s: {json.dumps(rec.metadata.get("contract"), sort_keys=True, default=str)
                          for rec in pair[s]} for s in SIDES}
         if not (all(contracts.values()) and len(contracts["training"]) == 1
