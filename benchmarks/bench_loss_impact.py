@@ -4,7 +4,7 @@
 
 Side by side on the same samples (drifting: every token differs; bitwise: none does), best of
 `--repeat` process-CPU times: `compute` as the judge calls it (the figures on) and `compute` with
-`loss_impact` replaced by a no-op (the figures off), with the ratio and active tokens/s."""
+`loss_impact` and `token_drift` replaced by no-ops (the figures off), with the ratio and active tokens/s."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def main() -> None:
     for drift in (True, False):
         samples = _samples(a.tokens, drift)
         n = metrics.compute(samples).active_token_count
-        with mock.patch.object(loss, "loss_impact", lambda *_a, **_k: {}):
+        with mock.patch.object(loss, "loss_impact", lambda *_a, **_k: {}), \
+                mock.patch.object(loss, "token_drift", lambda *_a, **_k: []):
             off = _best(samples, a.repeat)
         on = _best(samples, a.repeat)
         print(f"| {'drifting' if drift else 'bitwise'} | {n:,} | {off:.3f} | {on:.3f} | "

@@ -119,12 +119,19 @@ def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | n
         return out
     eps = thresholds.clip_eps
     lo_clip, hi_clip = math.log1p(-eps), math.log1p(eps)
-    clip = (delta > hi_clip) | (delta < lo_clip)
-    tis = delta > math.log(thresholds.tis_cap)
-    mis = (delta > math.log(thresholds.mis_upper)) | (delta < math.log(thresholds.lower))
-    if nonfinite:  # NaN compares false and -inf gives ratio 0: no usable ratio, outside all
-        clip, tis, mis = clip | ~finite, tis | ~finite, mis | ~finite
-    per_step = [_grouped(flags, lengths, slot, steps.size) for flags in (clip, tis, mis)]
+    bounds = (hi_clip, -lo_clip, math.log(thresholds.tis_cap), math.log(thresholds.mis_upper),
+              -math.log(thresholds.lower))
+    if (nonfinite == 0 and abs_sorted is not None and abs_sorted.size == n
+            and float(abs_sorted[-1]) < min(bounds)):
+        # every |delta| is inside every bound (the usual drift): no flag is set anywhere
+        per_step = [np.zeros(steps.size, dtype=np.int64)] * 3
+    else:
+        clip = (delta > hi_clip) | (delta < lo_clip)
+        tis = delta > bounds[2]
+        mis = (delta > bounds[3]) | (delta < -bounds[4])
+        if nonfinite:  # NaN compares false and -inf gives ratio 0: no usable ratio, outside all
+            clip, tis, mis = clip | ~finite, tis | ~finite, mis | ~finite
+        per_step = [_grouped(flags, lengths, slot, steps.size) for flags in (clip, tis, mis)]
     good = delta[finite] if nonfinite else delta
     out.update(exact=False, nonfinite_count=nonfinite)
     if good.size:
@@ -138,8 +145,8 @@ def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | n
                            _q(q): _sorted_quantile(abs_sorted, q) for q in QUANTILES})
     else:
         out.update(ratio_min=None, ratio_max=None, ratio_mean=None, abs_log_ratio_quantiles={})
-    for name, flags in (("clip", clip), ("tis_truncated", tis), ("mis_masked", mis)):
-        count = int(np.count_nonzero(flags))
+    for name, by_step in zip(("clip", "tis_truncated", "mis_masked"), per_step, strict=True):
+        count = int(by_step.sum())
         out[f"{name}_count"] = count
         out[f"{name}_fraction"] = count / n
     out["steps"] = [_step(int(s), int(t), int(c), int(u), int(m)) for s, t, c, u, m in zip(
@@ -228,7 +235,7 @@ def loss_short(figures: Mapping[str, Any] | None) -> str:
 
 
 DRIFT_SAMPLES = 3  # the worst samples drawn along the response
-DRIFT_POINTS = 400  # points per sample at most (each bucket keeps its largest |dlogp|)
+DRIFT_POINTS = 200  # points per sample at most (each bucket keeps its largest |dlogp|)
 
 
 def token_drift(samples: Sequence[Any], worst_tokens: Sequence[Mapping[str, Any]],
