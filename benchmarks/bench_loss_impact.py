@@ -3,8 +3,9 @@
     python benchmarks/bench_loss_impact.py [--tokens 2000000] [--repeat 5]
 
 Side by side on the same samples (drifting: every token differs; bitwise: none does), best of
-`--repeat` process-CPU times: `compute` as the judge calls it (the figures on) and `compute` with
-`loss_impact` and `token_drift` replaced by no-ops (the figures off), with the ratio and active tokens/s."""
+`--repeat` process-CPU times: `compute` as the judge calls it (the figures on) and `compute`
+with `loss_impact` and `token_drift` replaced by no-ops (the figures off), with the ratio and
+active tokens/s."""
 
 from __future__ import annotations
 
