@@ -640,7 +640,7 @@ def read_evidence(root: Path) -> Evidence:
     ev.problems.extend(ev.log.problems)
     from pytest_rlkernel_matrix.judge.read.vime_audit import read_vime  # (issue 45)
 
-    read_vime(ev)
+    read_vime(ev, _load_pt)
     return ev
 
 

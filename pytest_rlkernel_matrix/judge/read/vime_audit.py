@@ -195,13 +195,12 @@ def read_vime_audit(root: Path, step_records: Any, load: Any,
     return out, reasons
 
 
-def read_vime(ev: Any) -> None:
+def read_vime(ev: Any, load: Any) -> None:
     """`evidence.read_evidence`'s hook (after run.log is scanned): `ev.vime_audit` and the
-    semantic reasons `ev.vime_semantic`; never raises for a bad file."""
-    from pytest_rlkernel_matrix.judge.evidence import _load_pt
-
+    semantic reasons `ev.vime_semantic`; `load`: the evidence's `.pt` loader (`_load_pt`).
+    Never raises for a bad file."""
     try:
         ev.vime_audit, ev.vime_semantic = read_vime_audit(
-            ev.root, ev.log.records.get("step"), _load_pt, ev.problems)
+            ev.root, ev.log.records.get("step"), load, ev.problems)
     except Exception as exc:  # a reader bug or an unforeseen shape: fail closed, go on
         ev.problems.append(f"vime audit: {type(exc).__name__}: {str(exc)[:200]}")
