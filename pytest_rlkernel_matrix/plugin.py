@@ -552,6 +552,10 @@ class MatrixHooks:
 
         for line in claim_lines(ms.records.values()):
             tr.write_line(line)
+        from pytest_rlkernel_matrix.report.debug_views import debugger_lines  # (issue 45)
+
+        for line in debugger_lines(records):
+            tr.write_line(line)
         for recs, head, reasons in problem_groups(records):  # each reason once per group
             tr.write_line(head)
             for reason in reasons:

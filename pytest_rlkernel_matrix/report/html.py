@@ -26,6 +26,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import jinja2
 from pytest_rlkernel_matrix.report.claims import claims_rows, steps_chart
+from pytest_rlkernel_matrix.report.debug_views import (
+    debugger_view,
+    loss_rows,
+    token_drift_view,
+    vime_rows,
+)
 from pytest_rlkernel_matrix.report.html_parts import (
     DRIFT_CLASSES,
     DRIFT_FIELDS,
@@ -411,7 +417,9 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
         ("mismatch fraction", c.get("mismatch_fraction")),
         *((f"|dlogp| {f.removeprefix('logprob_abs_diff_')}", _fmt_d(c.get(f)))
           for f in DRIFT_FIELDS),
-        *_kl_rows(c), ("nonfinite", c.get("nonfinite_count")),
+        *_kl_rows(c), *loss_rows(_map(c.get("loss_impact"))),
+        *vime_rows(_map(c.get("vime_audit"))),
+        ("nonfinite", c.get("nonfinite_count")),
         ("samples / ranks", f"{_fmt(c.get('sample_count'))} / {_fmt(c.get('rank_count'))}"),
         ("logprob source", c.get("logprob_source")),
         ("tokens/s", c.get("tokens_per_second")), ("peak memory", _fmt_bytes(c.get("peak_memory"))),
@@ -434,6 +442,8 @@ def _cell_detail(report: Mapping[str, Any], c: Mapping[str, Any], anchor: str,
         "claims": _table(("claim", "status", "detail"), claims_rows(c), "kv")
         if isinstance(c.get("claims"), Mapping) else None, "steps": steps_chart(c),
         "loc": localisation_view(_map(c.get("localisation"))),
+        "debugger": debugger_view(c.get("debugger")),
+        "token_drift": token_drift_view(_map(c.get("loss_impact")).get("token_drift")),
         "worst": _records_table(worst, ("sample", "rank", "position", "token_id",
                                         "train_logprob", "rollout_logprob", "abs_diff"))
         if worst else None,

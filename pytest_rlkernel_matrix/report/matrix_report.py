@@ -20,6 +20,7 @@ from typing import Any
 from pytest_rlkernel_matrix import __version__
 from pytest_rlkernel_matrix.judge.localise.profile import terminal_lines as profile_lines
 from pytest_rlkernel_matrix.judge.performance.accounting import table_cell as unattributed_cell
+from pytest_rlkernel_matrix.judge.read.loss import loss_short
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
 from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
 
@@ -226,15 +227,15 @@ def route_shown(r: Mapping[str, Any], side: str) -> str:
 def table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The request's report template as a terminal table."""
     head = ("hardware", "module", "case", "training route", "rollout route", "fallback",
-            "max|dlogp|", "mismatch", "rollout", "train", "sync", "unattributed", "step",
-            "verdict")
+            "max|dlogp|", "IS ratio", "mismatch", "rollout", "train", "sync", "unattributed",
+            "step", "verdict")
     rows = [head]
     for r in sorted(records, key=lambda r: (r["hardware"], cell_order(r))):
         rows.append((
             str(r["hardware"]), row_name(r), str(r["case"]),
             route_shown(r, "training"), route_shown(r, "rollout"),
             "yes" if r.get("fallbacks") else "no",
-            _fmt_d(r.get("logprob_abs_diff_max")),
+            _fmt_d(r.get("logprob_abs_diff_max")), loss_short(r.get("loss_impact")),
             "-" if r.get("active_token_count") is None else
             f"{r.get('mismatch_count', 0)}/{r.get('active_token_count')}"
             + _bytes_note(r),

@@ -38,6 +38,7 @@ ANALYSIS_VERSION = 6  # 2: sidecars read as RL-Kernel reads them (issue 20); 3: 
 # 5: measured runs (`<run>/measured.<k>`, report.measured) and the owned share (issue 33)
 # 6: the judge by validity layers, allow-list route rules, bounded reading (issue 44); the cache
 # also keys on the judging code's digest (report/cache.py), so a bump is no longer required there
+# 6 also: importance-ratio figures (loss_impact), debugger and vime audit evidence (issue 45)
 SIDES = ("training", "rollout")  # judge.read.evidence.SIDES (not imported: it loads numpy)
 MISMATCH_KL_LABEL = "k1 = mean(rollout - train), RL-Kernel's mismatch_kl; sign not meaningful"
 METRIC_FIELDS = (
@@ -218,6 +219,7 @@ def analyze_run(
     that knows the cell's secrets; without one, the secrets of this process's environment.
     """
     from pytest_rlkernel_matrix.judge.decide import decide
+    from pytest_rlkernel_matrix.judge.localise.debugger import debugger_evidence
     from pytest_rlkernel_matrix.judge.localise.profile import attach_profile
     from pytest_rlkernel_matrix.judge.read.evidence import pt_memo, read_evidence
     from pytest_rlkernel_matrix.judge.read.policy import Policy
@@ -237,6 +239,9 @@ def analyze_run(
         t0 = time.perf_counter()
         with pt_memo():  # the evidence and the per-step claims read each `.pt` file once
             ev = read_evidence(run_dir)
+            # RL-Kernel's debugger bundles: first divergence and upstream's report cross-checked;
+            # their problems keep the cell from valid like any evidence's (issue 45)
+            debugger_evidence(ev)
             t1 = time.perf_counter()
             decision = decide(run_cell, mode=str(meta["mode"]), run=run, ev=ev,
                               env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
@@ -418,6 +423,9 @@ def build_record(
         "first_mismatch": metrics.get("first_mismatch", []),
         "first_mismatch_summary": metrics.get("first_mismatch_summary", {}),
         "dlogp_histogram": metrics.get("histogram", {}),
+        "loss_impact": metrics.get("loss_impact") or None,  # judge.read.loss (issue 45)
+        "debugger": getattr(ev, "debugger", None) or None,  # judge.localise.debugger (45)
+        "vime_audit": getattr(ev, "vime_audit", None),  # judge.read.vime_audit (45)
     }
     return record
 

@@ -14,6 +14,10 @@
   there is a single version there is nothing older, and the manifest says the factor could not
   act).
 
+- ``RLK_REF_BATCH_INVARIANCE`` = ``none`` (default) | one of vime's five batch-invariance replay
+  cases (``replay_cases.py``): the rollout decodes the same samples in that batch layout
+  (alone, reordered, padded, denser, with dropped twins); the kept samples draw their own noise.
+
 What each factor did is written to ``manifest.json`` under ``factors`` and printed as one
 ``[rlk-reference][factor]`` line per factor.
 """
@@ -28,7 +32,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pytest_rlkernel_matrix.workload.env import FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC, factor_env
+from pytest_rlkernel_matrix.workload import replay_cases
+from pytest_rlkernel_matrix.workload.env import (
+    FACTOR_SAMPLING,
+    FACTOR_WEIGHT_SYNC,
+    UsageError,
+    factor_env,
+)
 from pytest_rlkernel_matrix.workload.sampling import FIXED_POINT, _fixed
 
 SAMPLING, WEIGHT_SYNC = FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC
@@ -41,6 +51,7 @@ class Factors:
     rollout_batch: int | None = None  # None = all sequences together
     sampling: str = "raw"
     weight_sync: str = "exact"
+    batch_invariance: str = "none"  # replay_cases.CASES (vime's consistency audit)
     effect: dict[str, dict[str, Any]] = field(default_factory=dict)
     _previous: dict[str, Tensor] | None = field(default=None, repr=False)
 
@@ -48,7 +59,11 @@ class Factors:
     def from_env(cls) -> Factors:
         e = os.environ
         raw_batch, batch, sampling, sync = factor_env(e)
-        out = cls(batch, sampling, sync)
+        case = e.get("RLK_REF_BATCH_INVARIANCE", "none").strip().lower() or "none"
+        if case != "none" and case not in replay_cases.CASES:
+            raise UsageError(f"RLK_REF_BATCH_INVARIANCE={case!r}: expected 'none' or one of "
+                             f"{replay_cases.CASES}")
+        out = cls(batch, sampling, sync, case)
         out.effect = {
             "rollout_batch": {"value": raw_batch, "applied": None},
             "sampling": {"value": sampling, "applied": sampling != "raw",
@@ -56,6 +71,8 @@ class Factors:
                          if sampling == "processed" else "raw temperature-scaled log-softmax"},
             "weight_sync": {"value": sync, "applied": None},
         }
+        if case != "none":
+            out.effect["batch_invariance"] = {"value": case, "applied": None}
         return out
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
@@ -94,6 +111,30 @@ class Factors:
         effect.update(applied=False if self.weight_sync == "exact" else effect["applied"])
         return {n: t.clone() for n, t in train_w.items()}
 
+    # -- vime's batch-invariance replay cases ---------------------------------------------------
+    def _replay_case(self, run: Callable[..., Any], model: Any, k: Any, prompts: list[Tensor],
+                     max_new: list[int], temperature: float, top_p: float, gen: torch.Generator,
+                     graphs: bool, ignore_eos: bool, noise: Tensor, processed: bool) -> Any:
+        """The rollout in the layout of ``batch_invariance``, the fixed samples' results kept
+        in their own order (the neighbours' dropped)."""
+        effect = self.effect["batch_invariance"]
+        tap = getattr(k, "tap", None)
+        if tap is not None and getattr(tap, "recording", False):
+            raise UsageError("RLK_REF_BATCH_INVARIANCE: not with a probe run (the probe names "
+                             "rows by sample; the neighbours would shift them)")
+        p = replay_cases.plan(self.batch_invariance, prompts, max_new, noise,
+                              getattr(model, "max_seq_len", None))
+        effect.update(applied=True, note=p.note)
+        parts = [run(model, k, p.prompts[s:s + p.size], p.max_new[s:s + p.size], temperature,
+                     top_p, gen, graphs, ignore_eos, noise=p.noise[s:s + p.size],
+                     processed=processed)
+                 for s in range(0, len(p.prompts), p.size)]
+        ro = _join(parts)
+        ro.tokens = [ro.tokens[j] for j in p.keep]
+        ro.prompt_lengths = [ro.prompt_lengths[j] for j in p.keep]
+        ro.logprobs = [ro.logprobs[j] for j in p.keep]
+        return ro
+
     # -- rollout batch --------------------------------------------------------------------------
     def rollout(self, run: Callable[..., Any], model: Any, k: Any, prompts: list[Tensor],
                 max_new: list[int], temperature: float, top_p: float, gen: torch.Generator,
@@ -101,6 +142,9 @@ class Factors:
         """``run`` (``job.run_rollout``) over chunks of ``rollout_batch`` prompts, joined."""
         noise = torch.rand((len(prompts), max(max_new)), generator=gen, device=gen.device)
         processed = self.sampling == "processed"
+        if self.batch_invariance != "none":
+            return self._replay_case(run, model, k, prompts, max_new, temperature, top_p, gen,
+                                     graphs, ignore_eos, noise, processed)
         n = len(prompts)
         size = n if self.rollout_batch is None else min(self.rollout_batch, n)
         self.effect["rollout_batch"].update(applied=size < n, note=f"{size} of {n} sequences "
@@ -108,16 +152,18 @@ class Factors:
         parts = [run(model, k, prompts[s:s + size], max_new[s:s + size], temperature, top_p,
                      gen, graphs, ignore_eos, noise=noise[s:s + size], processed=processed)
                  for s in range(0, n, size)]
-        if len(parts) == 1:
-            return parts[0]
-        first = parts[0]
-        for p in parts[1:]:
-            first.tokens += p.tokens
-            first.prompt_lengths += p.prompt_lengths
-            first.logprobs += p.logprobs
-            if p.execution_mode == "eager":
-                first.execution_mode, first.fallback_reason = "eager", p.fallback_reason
-        return first
+        return _join(parts)
+
+
+def _join(parts: list[Any]) -> Any:
+    first = parts[0]
+    for p in parts[1:]:
+        first.tokens += p.tokens
+        first.prompt_lengths += p.prompt_lengths
+        first.logprobs += p.logprobs
+        if p.execution_mode == "eager":
+            first.execution_mode, first.fallback_reason = "eager", p.fallback_reason
+    return first
 
 
 def processed_selected(logprobs: Tensor, tokens: Tensor, top_p: float) -> Tensor:

@@ -5,7 +5,10 @@ Owns `evidence` (one pass over a run directory: readbacks, sidecars, logs, manif
 layout, CP shards), `logscan` (run.log), `upstream` (readbacks' fields and weight audits as
 RL-Kernel's writers leave them), `policy` (the cell's recorded policy), `calls` (which ranks,
 calls and versions the files cover), `metrics` (the drift figures of the sidecars' active
-tokens) and `preload` (imports made while a session's first cell runs).
+tokens), `loss` (the importance-ratio figures of those tokens: whether a drift matters for the
+loss), `capture` (RL-Kernel's debugger bundles, layer replays and diagnostic reports),
+`vime_audit` (vime's consistency-audit dumps and metadata) and `preload` (imports made while a
+session's first cell runs).
 
 May import: itself, `store`, `spec`; never a validity layer, `localise`, `decide`, `report`.
 """

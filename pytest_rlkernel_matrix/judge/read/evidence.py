@@ -118,6 +118,9 @@ class Evidence:
     manifest: dict[str, Any] | None = None
     log: LogScan = field(default_factory=LogScan)
     problems: list[str] = field(default_factory=list)
+    debugger: list[dict[str, Any]] = field(default_factory=list)  # set by localise.debugger
+    vime_audit: dict[str, Any] | None = None  # read.vime_audit (issue 45)
+    vime_semantic: list[str] = field(default_factory=list)  # its semantic reasons
     samples: list[Sample] = field(default_factory=list)  # the merged samples (probe tokens)
     operator_records: list[dict[str, Any]] = field(default_factory=list)  # {side, module,
     runtime_policies: list[dict[str, Any]] = field(default_factory=list)  # source, record}
@@ -634,6 +637,9 @@ def read_evidence(root: Path) -> Evidence:
                                f"{str(exc)[:200]}")
     ev.log = scan_log(root / "run.log", root=root)
     ev.problems.extend(ev.log.problems)
+    from pytest_rlkernel_matrix.judge.read.vime_audit import read_vime  # (issue 45)
+
+    read_vime(ev, _load_pt)
     return ev
 
 

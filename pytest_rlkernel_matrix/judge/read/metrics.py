@@ -60,6 +60,7 @@ class DriftMetrics:
     first_mismatch: list[dict[str, int]] = field(default_factory=list)
     first_mismatch_summary: dict[str, float | int] = field(default_factory=dict)
     histogram: dict[str, list[float]] = field(default_factory=dict)
+    loss_impact: dict[str, object] = field(default_factory=dict)  # judge.read.loss
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -326,6 +327,10 @@ def compute(samples: Sequence[Sample],
         return out
     # the worst tokens' scores: |delta|, inf where not finite (|d| when all are)
     _worst(out, samples, every, lengths, d, neq, score)
+    from pytest_rlkernel_matrix.judge.read.loss import loss_impact, token_drift  # (45)
+    out.loss_impact = loss_impact(d, lengths, [s.call for s in samples], out.mismatch_count,
+                                  abs_sorted=ad)
+    out.loss_impact["token_drift"] = token_drift(samples, out.worst_tokens)
     return out
 
 

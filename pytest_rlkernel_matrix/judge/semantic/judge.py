@@ -26,6 +26,8 @@ def judge_semantic(ev: Evidence, mode: str, policy: Policy,
     ev.weight_audit.notes = notes  # recorded with the audit, not reasons
     for problem in ev.sample_problems:
         sem.fail(f"samples not comparable: {problem}")
+    for reason in ev.vime_semantic:  # vime's consistency metadata (read.vime_audit)
+        sem.fail(reason)
     for reason in exposure_of(ev).reasons:
         sem.fail(reason)
     judge_ranks(ev, sem.fail)
