@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import native
+from . import native, p_logp
 from .identity import R_BACKEND_IDS as R_BACKEND_IDS  # (also read here: env, machine)
 from .identity import R_CONTRACT_VERSION as R_CONTRACT_VERSION
 from .parallel import Group, fixed_order_sum
@@ -544,6 +544,8 @@ class LogpKernel(ModuleKernel):
             return self._r_triton(h, norm_w, lm_head, targets, temperature)
         if self.implementation == "rl_kernel":
             return self._r_tiles(h, norm_w, lm_head, targets, temperature)
+        if self.framework == "megatron" and self.tap is None:  # chunked over tokens (p_logp.py)
+            return p_logp.selected(self._p_norm(h, norm_w), lm_head, targets, temperature)
         lp = self._o("log_softmax", self._p_full(h, norm_w, lm_head, temperature))
         return lp.gather(-1, targets[:, None])[:, 0]
 
