@@ -79,10 +79,10 @@ def estimate(cfg: ModelConfig, dtype_bytes: int, n_prompts: int, max_seq: int,
     vocab = cfg.vocab_size // tp
     head = 4 * vocab if r_training else 0  # R (Triton) keeps each row's fp32 logits
     per_token = -(-(cfg.num_hidden_layers * layer + 4 * h + head) // cp)
-    if not r_training:  # P: ~5.5 fp32 chunks of the chunked logp (p_logp.CHUNK_ELEMENTS)
-        from .p_logp import CHUNK_ELEMENTS
+    if not r_training:  # P: ~5.5 fp32 chunks of the chunked logp (p_logp.py), at most a chunk
+        from .p_logp import CHUNK_ELEMENTS  # of p_logp.CHUNK_ELEMENTS or every token
 
-        fixed += 6 * 4 * CHUNK_ELEMENTS
+        fixed += 6 * 4 * min(CHUNK_ELEMENTS, vocab * max_seq * n_prompts)
     return Estimate(fixed, kv, per_token)
 
 
