@@ -58,16 +58,21 @@ def _chunk(hn: Tensor, w: Tensor, targets: Tensor, temperature: float) -> Tensor
     return lp.gather(-1, targets[:, None])[:, 0]
 
 
-def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` of model-dtype operands, accumulated and returned in fp32 (CUDA: the GEMM's
-    fp32 output, where this torch has it; else the operands cast to fp32: their products are
-    exact in fp32 either way)."""
+def _acc_fp32(acc: Tensor | None, a: Tensor, b: Tensor) -> Tensor:
+    """``acc + a @ b`` for model-dtype operands, accumulated in fp32 (Megatron's fp32 wgrad
+    accumulation). CUDA: the GEMM's own fp32 output (``torch.mm(..., out_dtype=)``) where this
+    torch has it; else the operands cast to fp32 (their products are exact in fp32 either way;
+    on CUDA that fallback is an fp32 GEMM, slower) and added in place."""
     if a.is_cuda and a.dtype != torch.float32:
         try:
-            return torch.mm(a, b, out_dtype=torch.float32)
+            part = torch.mm(a, b, out_dtype=torch.float32)
         except (RuntimeError, TypeError):
             pass
-    return torch.mm(a.float(), b.float())
+        else:
+            return part if acc is None else acc.add_(part)
+    if acc is None:
+        return torch.mm(a.float(), b.float())
+    return acc.addmm_(a.float(), b.float())
 
 
 class _Selected(torch.autograd.Function):
@@ -110,8 +115,7 @@ class _Selected(torch.autograd.Function):
             if need_w and single:
                 dw = got.pop(0)
             elif need_w:
-                part = _mm_fp32(got.pop(0).t(), hc.detach())
-                dw = part if dw is None else dw.add_(part)
+                dw = _acc_fp32(dw, got.pop(0).t(), hc.detach())
         if dw is not None:
             dw = dw.to(w.dtype)
         return dh, dw, None, None, None
