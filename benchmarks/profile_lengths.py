@@ -12,6 +12,13 @@ noise; on a GPU (``--device cuda``) the same counts come with CUDA time.
     python benchmarks/profile_lengths.py                         # tiny, CPU, 16 / 64 / 256
     python benchmarks/profile_lengths.py --device cuda --preset qwen3-0.6b \
         --lengths 160:448,1024:128,4096:32
+    python benchmarks/profile_lengths.py --attention-work       # R attention alone, seconds
+
+``--attention-work`` counts only the torch R attention's products (``r_core_attention``'s
+``bmm`` calls, their FLOPs) for one sequence per length: its training forward (prompt 32 +
+the new tokens, causal) and its decode (one step per new token against a cache of capacity
+``max_seq``), next to the causal attention's own FLOPs (``4 D Hq`` per visible query-key pair):
+what R computes for the keys that exist and what it computes on top.
 """
 
 from __future__ import annotations
@@ -79,12 +86,59 @@ def one(side: str, preset: str, new: int, prompts: int, dev: torch.device) -> di
     return out
 
 
+def attention_work(lengths: list[int]) -> None:
+    from pytest_rlkernel_matrix.workload import kernels
+
+    cfg = PRESETS["tiny"]
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    count = [0]
+    bmm = torch.bmm
+
+    def counting(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        count[0] += 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+        return bmm(a, b)
+
+    print(f"torch R attention (kernels.py at {kernels.__file__}), tiny heads: MFLOP per sequence")
+    print("| new tokens | max_seq | training: R / causal | decode: R / causal |")
+    print("| --- | --- | --- | --- |")
+    torch.bmm = counting  # type: ignore[assignment]
+    try:
+        for new in lengths:
+            t = 32 + new
+            max_seq = -(-t // 16) * 16
+            tiling = kernels.Tiling.for_device(torch.device("cpu"), max_seq)
+            q = torch.randn(1, t, hq, d)
+            k = torch.randn(1, t, hkv, d).to(torch.bfloat16)
+            count[0] = 0
+            kernels.r_core_attention(q, torch.arange(t)[None], k, k, tiling)
+            train = count[0]
+            cache = torch.zeros(1, max_seq, hkv, d, dtype=torch.bfloat16)
+            cache[:, :t] = k
+            count[0] = 0
+            for p in range(32, t):
+                kernels.r_core_attention(q[:, p:p + 1], torch.tensor([[p]]), cache, cache,
+                                         tiling)
+            dec = count[0]
+            causal_train = 4 * d * hq * t * (t + 1) // 2
+            causal_dec = 4 * d * hq * sum(p + 1 for p in range(32, t))
+            print(f"| {new} | {max_seq} | {train / 1e6:.1f} / {causal_train / 1e6:.1f} "
+                  f"({train / causal_train:.2f}x) | {dec / 1e6:.1f} / {causal_dec / 1e6:.1f} "
+                  f"({dec / causal_dec:.2f}x) |")
+    finally:
+        torch.bmm = bmm  # type: ignore[assignment]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--lengths", default="16:8,64:8,256:4")
+    ap.add_argument("--attention-work", action="store_true")
     args = ap.parse_args()
+    if args.attention_work:
+        attention_work([int(x.split(":")[0]) for x in args.lengths.split(",")] if args.lengths
+                       != "16:8,64:8,256:4" else [16, 64, 256, 1024])
+        return
     dev = torch.device(args.device)
     torch.manual_seed(0)
     rows = []
