@@ -392,6 +392,8 @@ def _micro_batch(args: argparse.Namespace, device: torch.device, dtype: torch.dt
     total = (torch.cuda.get_device_properties(device).total_memory
              if device.type == "cuda" else None)
     memory = budget.device_memory(device.type, total)
+    if device.type == "cpu":  # the ranks of one machine share its memory
+        memory //= grid.world
     return budget.choose(args.preset, est, n_prompts, max_seq, memory, args.micro_batch_size)
 
 
