@@ -99,3 +99,29 @@ def test_work_follows_the_keys_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == 2 * (700 // 32 + 1)
     # every call the same shape, whatever the length
     assert set(calls[::2]) == {(tiling.chunk, D, tiling.key_block)}
+
+
+def test_rr_training_equals_rollout_at_every_micro_batch_and_order() -> None:
+    """The whole R model: rollout (batched prefill, ragged shrinking decode) and training at
+    micro-batch 1, 2 and 5, in two orders, give the same selected logprobs bit for bit."""
+    from pytest_rlkernel_matrix.workload.job import run_rollout, run_training
+    from pytest_rlkernel_matrix.workload.kernels import SideKernels
+    from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+
+    cfg = PRESETS["tiny"]
+    w = init_weights(cfg, 5, torch.bfloat16, DEV)
+    r = {"attention": "rl_kernel", "ffn": "rl_kernel", "logp": "rl_kernel"}
+    tiling = Tiling.for_device(DEV, 96)
+    ks = {s: SideKernels.build(s, r, torch.bfloat16, tiling, cfg.rms_norm_eps)
+          for s in ("training", "rollout")}
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(2, cfg.vocab_size, (n,), generator=gen) for n in (5, 17, 9, 30, 12)]
+    model = Qwen3(cfg, w, 96)
+    with torch.inference_mode():
+        ro = run_rollout(model, ks["rollout"], prompts, [40, 7, 55, 21, 33], 1.0, 0.95,
+                         torch.Generator().manual_seed(2), ignore_eos=True)
+    for mb in (1, 2, 5):
+        for order in ([0, 1, 2, 3, 4], [3, 1, 4, 0, 2]):
+            got = run_training(model, ks["training"], ro, mb, 1.0, order)
+            for i in range(5):
+                assert torch.equal(got[i], ro.logprobs[i]), (mb, order, i)
