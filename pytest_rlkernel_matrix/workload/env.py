@@ -31,7 +31,9 @@ FAULT_KINDS = ("recorded_fallback", "silent_fallback", "corrupt_weight", "unsupp
 # where the module's side runs the R path, its kernels take `factor` times as long (profiling.py).
 
 
-RUN_DEFAULTS = {  # per preset: prompts, max new tokens, micro-batch size
+# per preset: prompts, max new tokens, micro-batch size (the last one no longer used by the job:
+# budget.MICRO_BATCH_TOKENS chooses the micro-batch by tokens and memory, issue 46)
+RUN_DEFAULTS = {
     "tiny": (8, 48, 4), "small": (16, 160, 3), "qwen3-0.6b": (320, 256, 32)}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import resource
@@ -42,8 +43,8 @@ from pytest_rlkernel_matrix.workload.env import (
     resolve_route,
 )
 
+from . import budget, native, rl
 from . import graphs as graphs_mod
-from . import native, rl
 from .artifacts import Rollout, emit_step, write_json, write_probes, write_sidecar
 from .autograd import BACKWARD_METHODS
 from .factors import Factors, processed_selected
@@ -57,6 +58,7 @@ from .kernels import (
 )
 from .model import (
     PRESETS,
+    ModelConfig,
     Qwen3,
     checkpoint_fingerprint,
     init_weights,
@@ -291,7 +293,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-prompt-len", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--micro-batch-size", type=int, default=None)
+    ap.add_argument("--micro-batch-size", type=int, default=None,
+                    help="samples per training micro-batch (default: chosen by tokens and "
+                    "memory, workload/budget.py; a size that cannot fit is an error up front)")
     ap.add_argument("--tp", type=int, default=None,
                     help="tensor-parallel size (default: RL_KERNEL_MATRIX_TP from the plugin, "
                     "else 1)")
@@ -375,6 +379,24 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
         shutdown(grid)
 
 
+def _micro_batch(args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
+                 n_prompts: int, max_seq: int, grid: Grid) -> budget.Choice:
+    """``budget.choose`` with the larger of the R and P estimates, so that every cell of a
+    matrix trains the same micro-batches whatever its routes."""
+    cfg = (ModelConfig.from_hf(json.loads((Path(args.checkpoint) / "config.json").read_text()))
+           if args.checkpoint else PRESETS[args.preset])
+    size = torch.empty((), dtype=dtype).element_size()
+    r, p = (budget.estimate(cfg, size, n_prompts, max_seq, side, grid.tp, grid.cp)
+            for side in (True, False))
+    est = budget.Estimate(max(r.fixed, p.fixed), r.kv_cache, max(r.per_token, p.per_token))
+    total = (torch.cuda.get_device_properties(device).total_memory
+             if device.type == "cuda" else None)
+    memory = budget.device_memory(device.type, total)
+    if device.type == "cpu":  # the ranks of one machine share its memory
+        memory //= grid.world
+    return budget.choose(args.preset, est, n_prompts, max_seq, memory, args.micro_batch_size)
+
+
 def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: float,
          device: torch.device, grid: Grid) -> int:
     lead = grid.rank == 0  # prints the metrics lines, writes the manifest and the weight audit
@@ -383,9 +405,14 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
     defaults = RUN_DEFAULTS.get(args.preset, RUN_DEFAULTS["tiny"])
     n_prompts = args.num_prompts or defaults[0]
     max_new_tokens = args.max_new_tokens or defaults[1]
-    micro_batch = args.micro_batch_size or defaults[2]
     unit = math.lcm(16, 2 * grid.cp)  # key span: also a whole number of zigzag chunk pairs
     max_seq = -(-(args.max_prompt_len + max_new_tokens) // unit) * unit
+    try:  # the micro-batch by tokens and memory; a size that cannot fit stops here (budget.py)
+        choice = _micro_batch(args, device, dtype, n_prompts, max_seq, grid)
+    except UsageError as exc:
+        print(f"[rlk-reference] error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    micro_batch = choice.size
     for d in (env.readback_dir, env.sidecar_dir, env.weight_audit_dir):
         d.mkdir(parents=True, exist_ok=True)
 
@@ -436,7 +463,8 @@ def _run(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_start: 
                      "num_prompts": n_prompts, "max_new_tokens": max_new_tokens,
                      "prompt_len": [args.min_prompt_len, args.max_prompt_len],
                      "eos_token_id": cfg.eos_token_id},
-        "micro_batch_size": micro_batch, "max_seq_len": max_seq, "steps": args.steps,
+        "micro_batch_size": micro_batch, "micro_batch": choice.manifest(),
+        "max_seq_len": max_seq, "steps": args.steps,
         "factors": factors.as_dict(),
         "tiling": asdict(tiling), "model": asdict(cfg), "checkpoint": ckpt,
         "r_backend": backend, "decode_graphs": graphs and not probe.enabled,
