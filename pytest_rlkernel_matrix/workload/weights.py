@@ -1,4 +1,5 @@
-"""The tensors the model and the kernels share: one layer's weights, one attention call's inputs.
+"""The tensors the model and the kernels share: one layer's weights, one attention call's inputs,
+and the R path's fixed shapes (`Tiling`, re-exported by `workload.kernels`).
 
 A module of its own so that `workload.kernels` and `workload.model` do not import each other.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 
@@ -52,3 +54,22 @@ class AttnInputs:
     span: int = 0  # decode: keys in use (max position + 1), host-side metadata like vLLM's
     # Context parallel: local ``k, v [B, T_local, Hkv, D]`` -> every rank's, in position order.
     kv_gather: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Fixed shapes of the R path: row tile, attention query tile, problem chunk, key span (the
+    cache's capacity) and key block (the attention's fixed step over the key axis)."""
+
+    row_tile: int
+    query_tile: int
+    chunk: int
+    key_span: int
+    key_block: int = 32
+
+    @classmethod
+    def for_device(cls, device: torch.device, key_span: int) -> Tiling:
+        """Tile sizes tuned per device class (fixed for a run; both sides use the same)."""
+        if device.type == "cuda":
+            return cls(row_tile=256, query_tile=16, chunk=1024, key_span=key_span, key_block=128)
+        return cls(row_tile=32, query_tile=8, chunk=32, key_span=key_span, key_block=32)
