@@ -132,6 +132,7 @@ class Fit:
     within_var: float | None  # step noise: pooled variance of log step time within processes
     between_var: float | None  # between processes: cell variance minus step noise / steps
     steps: float  # mean kept steps per process
+    measured_steps: float = 0.0  # mean measured steps per process (before MSER)
     notes: list[str] = field(default_factory=list)
 
     def used(self) -> dict[str, list[dict[str, Any]]]:
@@ -162,13 +163,14 @@ def fit(groups: Mapping[str, Sequence[Sequence[float]]]) -> Fit:
     dof = [p.n - 1 for c in ordered for p in c.processes if p.within_var is not None]
     within_var = (float(np.dot(within, dof) / sum(dof)) if dof and sum(dof) > 0 else None)
     steps = float(np.mean([p.n for c in ordered for p in c.processes]))
+    measured = float(np.mean([p.total for c in ordered for p in c.processes]))
     effects: dict[str, Effect] = {}
     if single:
         notes.append(f"one process in {', '.join(single)}: the variation between processes is "
                      "not measured")
         for name, w in WEIGHTS.items():
             effects[name] = Effect(name, float(np.dot(w, means)), None, None, False)
-        return Fit(cells, effects, False, None, within_var, None, steps, notes)
+        return Fit(cells, effects, False, None, within_var, None, steps, measured, notes)
     variances = [float(c.var or 0.0) for c in ordered]
     pooled_var = sum((c.n - 1) * v for c, v in zip(ordered, variances, strict=True)) / sum(
         c.n - 1 for c in ordered)
@@ -195,7 +197,7 @@ def fit(groups: Mapping[str, Sequence[Sequence[float]]]) -> Fit:
     between = None
     if within_var is not None:
         between = max(0.0, pooled_var - within_var / steps)
-    return Fit(cells, effects, pooled, bartlett_p, within_var, between, steps, notes)
+    return Fit(cells, effects, pooled, bartlett_p, within_var, between, steps, measured, notes)
 
 
 # -- the three answers ---------------------------------------------------------------------------
@@ -286,7 +288,7 @@ def plan(f: Fit, effect: str, alpha: float, margin: float,
     ns = np.arange(2, MAX_PROCESSES + 1)
     quant = t.ppf(1.0 - alpha / 2.0, 4.0 * (ns - 1))
     best: tuple[float, int, int] | None = None
-    s_min = max(2, round(f.steps))
+    s_min = max(2, round(f.measured_steps or f.steps))
     for s in range(s_min, MAX_STEPS + 1):
         var_proc = f.between_var + f.within_var / s
         ok = np.nonzero(quant * np.sqrt(cw * var_proc / ns) <= target)[0]

@@ -327,6 +327,10 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             by_key.setdefault((str(rec["hardware"]), str(rec["module"])), {})[rec["case"]] = rec
     out: list[dict[str, Any]] = []
     policy = family_policy(records)
+    from pytest_rlkernel_matrix.report.perf import performance  # it imports this module
+
+    statements = {(m["hardware"], m["module"]): m["statements"]
+                  for m in performance(records)["modules"] if m.get("statements")}
     for (hardware, module), cells in sorted(by_key.items(),
                                             key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))):
         entry: dict[str, Any] = {"hardware": hardware, "module": module, "refused": []}
@@ -363,6 +367,11 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         timing, refused, ratios = _time_conclusion(cells, policy)
         entry["refused"].extend(refused)
         entry["timing"] = ratios
+        said = statements.get((hardware, module))
+        if said:  # the report's own sentences (report/perf.py): one answer, said one way
+            entry["statements"] = said
+            timing = "; ".join(s["text"] for s in said if s["phase"] in (
+                "step_wall_time", f"{s['side']}_wall_time"))
         entry["conclusion"] = f"{module}: {drift}; {timing}"
         note = unattributed_note(cells)  # the step share in no phase, above its limit
         if note:

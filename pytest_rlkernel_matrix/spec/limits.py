@@ -19,6 +19,7 @@ class Policy:
     processes: int = 1
     min_processes: int = 2
     confidence: float = 0.95
+    equivalence: float = 0.05
     max_relative_spread: float = 0.5
     max_foreign_cpu: float = 0.25
     max_concurrent_seconds: float = 1.0

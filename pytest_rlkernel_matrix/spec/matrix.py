@@ -362,7 +362,11 @@ class PerformanceSection(_Strict):
                                "(between-process variation); supply them with processes = N "
                                "(or --rlk-processes=N)")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
-                              description="confidence level of each ratio's bootstrap interval")
+                              description="family-wise confidence of the report's performance "
+                              "statements (judge/factorial.py)")
+    equivalence: float = Field(default=0.05, gt=0, le=1, description="margin m of 'no "
+                               "difference within +-m': the whole interval of a time ratio "
+                               "inside [1/(1+m), 1+m]")
     max_relative_spread: float = Field(default=0.5, gt=0, description="largest (max - min) / "
                                        "median of a cell's measured step times")
     max_foreign_cpu: float = Field(default=0.25, ge=0, le=1, description="largest share of the "
