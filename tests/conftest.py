@@ -42,6 +42,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# scipy.stats (judge/factorial.py, imported lazily by the report) loads numpy.fft's C extension:
+# imported first inside an in-process `pytester.runpytest`, it would leave sys.modules with that
+# session's snapshot and fail to load again ("cannot load module more than once per process").
+import scipy.stats  # noqa: F401
 import torch  # noqa: F401
 
 # pytester's in-process runs restore sys.modules afterwards; numpy and torch cannot be imported

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.judge.stats import level
-from pytest_rlkernel_matrix.report.attribution import comparisons, family_policy
+from pytest_rlkernel_matrix.report.attribution import comparisons
 from pytest_rlkernel_matrix.report.perf import performance
 from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 
@@ -46,30 +45,30 @@ def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
     report = _report(pytester)
     perf = report["performance"]
     assert perf["processes"] == [3] and perf["family"] == 8  # 2 sides x 4 phases
-    assert perf["family_confidence"] == pytest.approx(1 - 0.05 / 8)
+    assert perf["family_confidence"] == pytest.approx(0.95) and perf["equivalence"] == 0.05
     said = _statements(report, "ffn")
     rollout = said[("rollout", "rollout_wall_time")]
     assert rollout["kind"] == "slower", rollout
     assert rollout["low"] > 1.0 and rollout["low"] <= 1.5 <= rollout["high"], rollout
-    assert rollout["processes"] == [3, 3] and rollout["n"] == [18, 18]
-    assert rollout["text"].startswith("R on the rollout side makes the rollout phase ")
+    # kept steady steps per cell: MSER keeps at least half of each process's 6 measured steps
+    assert rollout["processes"] == [3, 3, 3, 3] and all(9 <= n <= 18 for n in rollout["n"])
+    assert rollout["text"].startswith("R on the rollout side: rollout phase slower, ")
     # The rows without the drill claim nothing beyond noise: no slower/faster anywhere else
     # but the step time the slower rollout phase is part of.
     others = {k: s["kind"] for k, s in said.items()
               if k not in {("rollout", "rollout_wall_time"), ("rollout", "step_wall_time")}}
-    assert set(others.values()) <= {"no difference", "no statement"}, others
-    assert said[("training", "training_wall_time")]["kind"] == "no difference"
-    # The terminal: one line per module with the statement and its interval.
-    line = next(x for x in result.outlines if x.startswith("cpu ffn performance: "))
-    assert f"R on the rollout side: rollout {rollout['ratio']:.2f} [" in line
-    assert f"{level(perf['family_confidence'])} intervals, Bonferroni over 8 comparisons" in line
+    assert set(others.values()) <= {"no difference", "inconclusive"}, others
+    # The terminal: a line per module, then the same sentence per side and phase.
+    at = next(i for i, x in enumerate(result.outlines) if x.startswith("cpu ffn performance "))
+    assert "95% family-wise over 8 statements, closed testing" in result.outlines[at]
+    assert f"  {rollout['text']}" in result.outlines[at + 1:at + 9]
     # The HTML: per module, each cell's phase times with their intervals.
     rr = next(m for m in perf["modules"] if m["module"] == "ffn")["cells"]["R/R"]
     assert rr["rollout_wall_time"]["processes"] == 3
     assert rr["rollout_wall_time"]["low"] <= rr["rollout_wall_time"]["median"] \
         <= rr["rollout_wall_time"]["high"]
     html = next(pytester.path.glob("outputs/rlkernel/*/matrix-report.html")).read_text()
-    assert "Phase times per cell" in html and "R on the rollout side makes the rollout" in html
+    assert "Phase times per cell" in html and rollout["text"] in html.replace("&#177;", "±")
 
     # Interleaved: R/R, P/R, R/P, P/P, then again, and again; each its own directory and run id.
     root = next(pytester.path.glob("outputs/rlkernel/*"))
@@ -117,8 +116,10 @@ def test_one_process_per_cell_says_how_to_get_a_conclusion(
     make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == 0
-    line = next(x for x in result.outlines if x.startswith("cpu ffn performance: "))
-    assert "one process per cell" in line and "--rlk-processes=3" in line, line
+    text = result.stdout.str()
+    assert "cpu ffn performance (" in text
+    assert "inconclusive, " in text and "one process per cell" in text, text
+    assert "--rlk-processes=3" in text
     root = next(pytester.path.glob("outputs/rlkernel/*"))
     assert not list(root.glob("cpu/*/measured.*"))
     assert "measured" not in _report(pytester)["cells"][0]
@@ -207,26 +208,27 @@ def test_statements_name_side_phase_and_size_and_bound_the_null() -> None:
     said = {(s["side"], s["phase"]): s for s in perf["modules"][0]["statements"]}
     assert perf["family"] == comparisons(records) == 6  # no weight-sync times
     slow = said[("rollout", "rollout_wall_time")]
-    assert slow["kind"] == "slower" and slow["low"] > 1 and "50% slower" in slow["text"]
+    assert slow["kind"] == "slower" and slow["low"] > 1
+    assert slow["text"].startswith("R on the rollout side: rollout phase slower, 1.50x [")
     null = said[("training", "training_wall_time")]
-    assert null["kind"] == "no difference" and null["low"] <= 1 <= null["high"]
-    assert null["text"].startswith("R on the training side: no difference measured in the "
-                                   "training phase (1.00 [")
+    assert null["kind"] == "no difference" and 1 / 1.05 <= null["low"] <= 1 <= null["high"] <= 1.05
+    assert null["text"].startswith("R on the training side: training phase: no difference "
+                                   "within ±5% (1.00x [")
 
 
 def test_more_comparisons_widen_every_interval() -> None:
-    """Bonferroni: a small effect clear in one module's 6 comparisons is still reported, but the
-    same cells among 18 comparisons get a wider interval (never a narrower one)."""
+    """Closed testing over the report: the same cells among 18 statements get a wider interval
+    than among 6 (never a narrower one); each statement's level is in the JSON."""
     one = _module("ffn", 1.03)
     many = one + _module("attention", 1.0) + _module("logp", 1.0)
     assert comparisons(many) == 18
-    assert family_policy(one).confidence == pytest.approx(1 - 0.05 / 6)
-    assert family_policy(many).confidence == pytest.approx(1 - 0.05 / 18)
+    assert performance(one)["family"] == 6 and performance(many)["family"] == 18
     a = {(s["side"], s["phase"]): s for s in performance(one)["modules"][0]["statements"]}
     b = {(s["side"], s["phase"]): s for s in performance(many)["modules"][1]["statements"]}
     key = ("rollout", "rollout_wall_time")
     assert b[key]["low"] <= a[key]["low"] and b[key]["high"] >= a[key]["high"]
     assert a[key]["ratio"] == b[key]["ratio"]
+    assert 1 - 0.05 / 6 <= a[key]["level"] < b[key]["level"] <= 1 - 0.05 / 18 + 1e-12
 
 
 def test_contaminated_or_single_process_cells_state_nothing() -> None:
@@ -234,12 +236,12 @@ def test_contaminated_or_single_process_cells_state_nothing() -> None:
     records[2]["performance_usable"] = False
     records[2]["validity"] = {"performance": {"reasons": ["contaminated: a burner"]}}
     said = {(s["side"], s["phase"]): s for s in performance(records)["modules"][0]["statements"]}
-    assert said[("rollout", "rollout_wall_time")]["kind"] == "no statement"
+    assert said[("rollout", "rollout_wall_time")]["kind"] == "not judged"
     single = [dict(r, phase_spread={k: {"steps": v["steps"][:6]} for k, v in
                                     r["phase_spread"].items()}) for r in _module("ffn", 1.5)]
     line = performance(single)["modules"][0]["line"]
-    assert line.startswith("cpu ffn performance: no conclusion: one process per cell")
-    assert "--rlk-processes=3" in line
+    assert line.startswith("cpu ffn performance (")
+    assert "inconclusive, 1.50x: one process per cell" in line and "--rlk-processes=3" in line
 
 
 def test_measured_cells_whose_runs_were_all_dropped_say_why_not_how() -> None:
