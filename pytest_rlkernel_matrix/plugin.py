@@ -389,13 +389,17 @@ class MatrixHooks:
         self.progress: Any = None  # report.progress.SessionProgress, on a terminal only
 
     def pytest_report_header(self) -> list[str]:
+        # a fault drill's session says so first (report/drill.py; issue 43)
+        drill = os.environ.get("RLK_REF_FAULT", "").strip()
+        top = [f"rlk: FAULT DRILL RLK_REF_FAULT={drill}: a planted fault, this session's "
+               "timings and drifts are the drill's"] if drill else []
         probe = self.session.preflight.get("probe") or {}
         if probe.get("reused"):
-            return [f"rlk: preflight probe REUSED from {probe['reused']['from']} "
+            return [*top, f"rlk: preflight probe REUSED from {probe['reused']['from']} "
                     "(RLK_REUSE_PROBE), not run for this session"]
         if probe.get("reuse_refused"):
-            return [f"rlk: RLK_REUSE_PROBE not used: {probe['reuse_refused']}"]
-        return []
+            return [*top, f"rlk: RLK_REUSE_PROBE not used: {probe['reuse_refused']}"]
+        return top
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:

@@ -89,7 +89,9 @@ def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
 
 def test_under_xdist_each_worker_interleaves_its_own_cells(
         pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
-    make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})
+    # jitter: each process its own timings (identical timings would be one process, refused)
+    make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS,
+                                                       "FAKE_JITTER": "0.02"})
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
                                            "--rlk-processes=2")
     assert result.ret == 0, result.stdout.str()
@@ -131,7 +133,7 @@ def test_a_measured_run_that_falls_back_is_dropped_with_its_reason(
     are not R's, so they are dropped; the correctness run is judged as before."""
     make_matrix(modules='["attention"]', extra='cases = ["R/R", "P/P"]\n' + QUIET,
                 env={"FAKE_STEP_TIMES": STEPS, "FAKE_MEASURED_SCENARIO": "recorded_fallback",
-                     "FAKE_ONLY_WHEN": "A-RR_F-RR_L-RR"})
+                     "FAKE_ONLY_WHEN": "A-RR_F-RR_L-RR", "FAKE_JITTER": "0.02"})
     result = pytester.runpytest("-p", "no:cacheprovider", "--rlk-processes=2")
     assert result.ret == 0, result.stdout.str()
     cells = {c["case"]: c for c in _report(pytester)["cells"]}
@@ -158,7 +160,11 @@ def test_reanalysis_reads_the_measured_runs_and_the_cache_keys_on_them(
     again = json.loads(reanalyze(root, log=lines.append, progress=False, jobs=1).read_text())
     cells = {c["case"]: c for c in again["cells"]}
     for case in ("R/R", "P/P"):
-        assert cells[case]["measured"]["used"] == 2
+        # the fake prints the same timings in every process: a copy, not a second process
+        assert cells[case]["measured"]["used"] == 1
+        (dup,) = [r for r in cells[case]["measured"]["runs"] if not r["used"]]
+        assert dup["reason"].startswith("duplicate of .: the same step timings"), dup
+        assert cells[case]["measured"]["dropped_runs"] == [f"measured.2: {dup['reason']}"]
         assert cells[case]["phase_spread"] == session[case]["phase_spread"]
     # a measured run's log changes: that cell is read again, and the new times count
     log = root / "cpu" / "logp-pp" / "measured.2" / "run.log"
@@ -168,6 +174,7 @@ def test_reanalysis_reads_the_measured_runs_and_the_cache_keys_on_them(
     assert "cache: cpu/logp-pp: read again: measured.2/run.log changed (sha256)" in lines[0] \
         or any("measured.2/run.log changed" in x for x in lines), lines
     pp = next(c for c in again["cells"] if c["case"] == "P/P")
+    assert pp["measured"]["used"] == 2  # its own timings now: a process of its own
     assert pp["phase_spread"]["step_wall_time"]["processes"][1] == [0.4] * 6
 
 
@@ -308,3 +315,56 @@ def test_a_measured_run_whose_route_changed_or_failed_is_dropped() -> None:
     assert drop_reason(first, rec(timed_out=True)) == "timed out"
     noisy = rec(validity={"performance": {"valid": False, "reasons": ["noise: spread 80%"]}})
     assert drop_reason(first, noisy) == "timings not usable: noise: spread 80%"
+
+
+def test_a_byte_copied_measured_run_is_refused_and_named(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    """A measured-run directory that is a byte copy of the correctness run (same run id, same
+    run.log) is one process, not two: refused with the reason, counted and named as dropped in
+    the record and the report; the module's statements say it."""
+    import shutil
+
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    make_matrix(modules='["logp"]', extra=QUIET,
+                env={"FAKE_STEP_TIMES": STEPS, "FAKE_JITTER": "0.02"})
+    assert pytester.runpytest("-p", "no:cacheprovider", "--rlk-processes=2").ret == 0
+    root = next(pytester.path.glob("outputs/rlkernel/*"))
+    run = root / "cpu" / "logp-rr"
+    shutil.copytree(run, run / "measured.3", ignore=shutil.ignore_patterns("measured.*"))
+    report = json.loads(reanalyze(root, log=lambda _: None, progress=False, jobs=1).read_text())
+    rr = next(c for c in report["cells"] if c["case"] == "R/R")
+    runs = {r["dir"]: r for r in rr["measured"]["runs"]}
+    assert runs["measured.2"]["used"] is True
+    assert runs["measured.3"]["used"] is False
+    assert runs["measured.3"]["reason"].startswith("duplicate of .: the same run id"), runs
+    assert rr["measured"]["used"] == 2 and rr["measured"]["dropped"] == 1
+    assert len(rr["phase_spread"]["step_wall_time"]["processes"]) == 2
+    entry = next(m for m in report["performance"]["modules"] if m["module"] == "logp")
+    assert any(d.startswith("R/R process 3 (measured.3): duplicate of .") for d in
+               entry["dropped"]), entry["dropped"]
+    assert "1 process(es) not counted: R/R process 3 (measured.3): duplicate" in entry["line"]
+
+
+def test_a_drill_report_says_so_at_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.report.html import render_html
+    from pytest_rlkernel_matrix.report.matrix_report import build_report
+
+    records = _module("ffn", 1.5)
+    records[0]["fault_drill"] = {"kind": "slow", "module": "ffn", "side": "rollout",
+                                 "factor": 1.5, "applied": True}
+    monkeypatch.setenv("RLK_REF_FAULT", "slow:ffn:rollout:1.5")
+    report = build_report(records, matrix={"name": "t"}, matrix_root=Path("/nonexistent"),
+                          preflight=None, created="now", expected_cells=4, interrupted=False)
+    assert next(iter(report)) == "schema_version" and list(report)[1] == "drill"
+    text = report["drill"]["text"]
+    assert text.startswith("FAULT DRILL: RLK_REF_FAULT=slow:ffn:rollout:1.5; applied in 1 cell")
+    assert report["performance"]["modules"][0]["line"].startswith(f"[{text}]")
+    html = render_html(report)
+    assert html.index("FAULT DRILL") < html.index("<h1>")
+    monkeypatch.delenv("RLK_REF_FAULT")
+    for r in records:
+        r.pop("fault_drill", None)
+    clean = build_report(records, matrix={"name": "t"}, matrix_root=Path("/nonexistent"),
+                         preflight=None, created="now", expected_cells=4, interrupted=False)
+    assert clean["drill"] is None and "FAULT DRILL" not in render_html(clean)

@@ -117,7 +117,9 @@ def _header(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> Vi
             ("cells", f"{len(cells)} of {_fmt(report.get('expected_cells'))}"),
             ("matrix file", matrix.get("file")), ("matrix root", report.get("matrix_root")),
             ("schema", report.get("schema_version"))]
-    return {"name": str(matrix.get("name") or "matrix"), "state": state[0],
+    drill = _map(report.get("drill"))
+    return {"drill": str(drill.get("text")) if drill else None,
+            "name": str(matrix.get("name") or "matrix"), "state": state[0],
             "state_cls": state[1], "badges": badges, "drift_badges": drift_badges,
             "timing_badges": timing_badges,
             "meta": [(k, _fmt(v)) for k, v in meta if v is not None]}

@@ -154,10 +154,16 @@ def build_report(
     interrupted: bool,
     memo: Path | None = None,
 ) -> dict[str, Any]:
+    import os
+
+    from pytest_rlkernel_matrix.report.drill import drill_of
+
     ordered = sorted(records, key=lambda r: (r["hardware"], cell_order(r)))
     attribution, factor_attribution, perf = attributions(ordered, memo)
     return {
         "schema_version": REPORT_SCHEMA,
+        # a fault drill's report says so first (report/drill.py); None: no drill
+        "drill": drill_of(ordered, os.environ),
         "created": created,
         "matrix": dict(matrix),
         "matrix_root": str(matrix_root),

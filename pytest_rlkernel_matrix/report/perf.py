@@ -169,6 +169,11 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             continue
         refused = _unusable(cells)
         costs = _costs(cells)
+        # measured runs that did not count, named (report/measured.py says why)
+        entry["dropped"] = [f"{case} process {r.get('process')} ({r.get('dir')}): "
+                            f"{r.get('reason')}" for case in CELLS
+                            for r in (cells[case].get("measured") or {}).get("runs") or []
+                            if not r.get("used")]
         for phase in PHASES:
             groups = {c: process_steps(cells[c], phase) for c in CELLS}
             if not all(groups.values()):
@@ -216,8 +221,17 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                  None if not r else (r["processes"], r["steps"]), s["why"])
         if "line" not in entry:
             entry["line"] = module_line(entry, margin, len(answers), declared.confidence)
+    import os
+
+    from pytest_rlkernel_matrix.report.drill import drill_of
+
+    drill = drill_of(records, os.environ)
+    if drill:  # a drill's statements say so, wherever they are shown
+        for entry in modules:
+            entry["line"] = f"[{drill['text']}]\n{entry['line']}"
     low, high = margin_bounds(margin)
-    return {"direction": DIRECTION, "family": len(answers), "confidence": declared.confidence,
+    return {"drill": drill, "direction": DIRECTION, "family": len(answers),
+            "confidence": declared.confidence,
             "family_confidence": declared.confidence, "equivalence": margin,
             "equivalence_bounds": [low, high],
             "processes": sorted({int((r.get("performance_policy") or {}).get("processes") or 1)
@@ -238,4 +252,7 @@ def module_line(entry: Mapping[str, Any], margin: float, family: int,
             f"equivalence ±{margin:.0%})")
     if not stmts:
         return f"{head}: no phase timed in all four cells"
-    return head + ":\n" + "\n".join(f"  {s['text']}" for s in stmts if "text" in s)
+    dropped = entry.get("dropped") or []
+    tail = (f"\n  {len(dropped)} process(es) not counted: " + "; ".join(dropped)
+            if dropped else "")
+    return head + ":\n" + "\n".join(f"  {s['text']}" for s in stmts if "text" in s) + tail
