@@ -66,10 +66,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rlk-repeat-baseline", action="store_true", default=False,
                     help="run the all-R baseline twice (same seed, separate processes) and "
                     "judge the run_to_run_bitwise claim ([reproducibility] runs = 2)")
-    group.addoption("--rlk-processes", metavar="N", type=int, default=None,
+    group.addoption("--rlk-processes", metavar="N|auto", default=None,
                     help="processes per cell: the correctness run, then N-1 measured runs "
                     "interleaved across the cells, so timings support a statement (default: "
-                    "[performance] processes, else 1)")
+                    "[performance] processes, else 1); auto: a first stage of 3, then as many "
+                    "as the statements need within --rlk-perf-budget")
+    group.addoption("--rlk-perf-budget", metavar="MINUTES", type=float, default=None,
+                    help="with --rlk-processes=auto: minutes the measured runs may take "
+                    "(default: [performance] budget, 10)")
     group.addoption("--rlk-plan", action="store_true", default=False,
                     help="print each cell's env and command; run nothing")
     group.addoption("--rlk-probe", action="store_true", default=False,
@@ -140,12 +144,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("rlk_repeat_baseline"):
         matrix = matrix.model_copy(update={
             "reproducibility": matrix.reproducibility.model_copy(update={"runs": 2})})
-    processes = config.getoption("rlk_processes")
-    if processes is not None:
-        if not 1 <= processes <= 64:
-            raise pytest.UsageError(f"--rlk-processes={processes}: a number from 1 to 64")
-        matrix = matrix.model_copy(update={
-            "performance": matrix.performance.model_copy(update={"processes": processes})})
+    from pytest_rlkernel_matrix.extra_runs import performance_options
+
+    matrix = performance_options(matrix, config.getoption("rlk_processes"),
+                                 config.getoption("rlk_perf_budget"))
     if config.getoption("rlk_profile"):
         matrix = matrix.model_copy(update={
             "profile": matrix.profile.model_copy(update={"when": "always"})})
@@ -462,10 +464,20 @@ class MatrixHooks:
 
             total = ms.matrix.performance.processes
             reporter = self.config.pluginmanager.getplugin("terminalreporter")
+            say = None
             if total > 1 and reporter is not None and not self.is_worker:
-                reporter.write_line(f"rlk: measured runs: processes 2-{total} of "
-                                    f"{plural(len(ms.ran), 'run')}, interleaved round by round")
-            run_measured(ms)
+                capman = self.config.pluginmanager.getplugin("capturemanager")
+
+                def say(line: str) -> None:  # past the test's output capture, as it happens
+                    if capman is None:
+                        reporter.write_line(line)
+                        return
+                    with capman.global_and_fixture_disabled():
+                        reporter.write_line(line)
+
+                say(f"rlk: measured runs: processes 2-{total} of "
+                    f"{plural(len(ms.ran), 'run')}, interleaved round by round")
+            run_measured(ms, say)
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         verdict = getattr(report, "rlk_verdict", None)

@@ -368,3 +368,54 @@ def test_a_drill_report_says_so_at_the_top(monkeypatch: pytest.MonkeyPatch) -> N
     clean = build_report(records, matrix={"name": "t"}, matrix_root=Path("/nonexistent"),
                          preflight=None, created="now", expected_cells=4, interrupted=False)
     assert clean["drill"] is None and "FAULT DRILL" not in render_html(clean)
+
+
+def test_auto_processes_run_a_first_stage_and_find_the_planted_slowdown(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    """--rlk-processes=auto: stage one (3 processes per cell, interleaved) with progress; the
+    planted rollout slowdown is found; a budget too small for stage two runs none."""
+    make_matrix(modules='["ffn"]', extra=QUIET,
+                env={"FAKE_STEP_TIMES": STEPS, "FAKE_SLOW": "ffn:rollout:1.5",
+                     "FAKE_JITTER": "0.03"})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--rlk-processes=auto",
+                                           "--rlk-perf-budget=0.05")
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "rlk: auto stage 1: process 3 of 3 per cell (4 cells)" in out, out
+    assert "rlk: auto:" in out
+    said = _statements(_report(pytester), "ffn")
+    rollout = said[("rollout", "rollout_wall_time")]
+    assert rollout["kind"] == "slower" and rollout["low"] > 1.0, rollout
+    assert rollout["processes"] == [3, 3, 3, 3]  # 3 s of budget: no stage two
+    assert said[("training", "training_wall_time")]["kind"] in ("no difference", "inconclusive")
+
+
+def test_auto_target_follows_the_plan_within_the_budget() -> None:
+    from pytest_rlkernel_matrix.extra_runs import auto_target
+
+    records = _module("ffn", 1.0)
+    target, said = auto_target(records, 3, round_s=10.0, left_s=1e6)
+    assert len(said) == 6 and target >= 3
+    # what the statements ask for is what stage two runs, cut by the budget
+    assert auto_target(records, 3, round_s=10.0, left_s=25.0)[0] == min(target, 5)
+    assert auto_target(records, 3, round_s=10.0, left_s=0.0)[0] == 3
+
+
+def test_processes_option_takes_a_number_or_auto(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.extra_runs import performance_options
+
+    path = tmp_path / "matrix.toml"
+    path.write_text('[matrix]\nname = "t"\n[runner]\ncommand = "true"\n'
+                    '[hardware.cpu]\nbackend = "cpu"\n')
+    matrix = load_matrix(path)
+    auto = performance_options(matrix, "auto", 7).performance
+    assert auto.auto and auto.processes == 3 and auto.budget == 7
+    assert performance_options(matrix, "4", None).performance.processes == 4
+    for bad in ("0", "many", "65"):
+        with pytest.raises(pytest.UsageError, match="--rlk-processes"):
+            performance_options(matrix, bad, None)
+    with pytest.raises(pytest.UsageError, match="--rlk-perf-budget"):
+        performance_options(matrix, "auto", 0)
+    path.write_text(path.read_text() + "[performance]\nequivalence = 0\n")
+    with pytest.raises(MatrixFileError, match=r"matrix\.toml: .*performance\.equivalence"):
+        load_matrix(path)

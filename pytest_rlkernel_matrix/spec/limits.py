@@ -17,6 +17,8 @@ class Policy:
 
     min_steps: int = 5
     processes: int = 1
+    auto: bool = False  # --rlk-processes=auto (extra_runs.py)
+    budget: float = 10.0  # minutes of measured runs an auto session may take
     min_processes: int = 2
     confidence: float = 0.95
     equivalence: float = 0.05

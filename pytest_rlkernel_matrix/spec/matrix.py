@@ -357,6 +357,12 @@ class PerformanceSection(_Strict):
                            "is its correctness run, the others measured runs (timings only, "
                            "routes must match the first's), interleaved across the cells; "
                            "--rlk-processes overrides")
+    auto: bool = Field(default=False, description="choose the processes per cell: a first "
+                       "stage of `processes` (at least 3) measures the variance, then rounds "
+                       "are added until every statement would resolve or `budget` is spent "
+                       "(--rlk-processes=auto; extra_runs.py)")
+    budget: float = Field(default=10.0, gt=0, le=24 * 60, description="minutes the measured "
+                          "processes of an auto session may take (--rlk-perf-budget)")
     min_processes: int = Field(default=2, description="processes each cell needs before its "
                                "times support a statement: the interval resamples processes "
                                "(between-process variation); supply them with processes = N "
