@@ -48,6 +48,7 @@ from pytest_rlkernel_matrix.judge.factorial import (
     Answer,
     decide,
     fit,
+    plan,
 )
 
 BASE = {"rollout": 0.60, "training": 0.35}
@@ -156,10 +157,60 @@ def run(n: int, noise_name: str, truth_name: str, reps: int, seed: int = 1) -> d
             "warmup_dropped": dropped_first / max(1, processes)}
 
 
+def _judge(data: dict[str, dict[str, list[list[float]]]]) -> tuple[dict[str, Any], list[Answer]]:
+    fits = {p: fit(g) for p, g in data.items()}
+    stmts = [Answer(("sim", "ffn", side, p), fits[p].effects[side])
+             for p in fits for side in ("training", "rollout")]
+    decide(stmts, CONFIDENCE, MARGIN)
+    return fits, stmts
+
+
+def run_auto(noise_name: str, truth_name: str, reps: int, cap: int = 16,
+             seed: int = 5) -> dict[str, Any]:
+    """--rlk-processes=auto's two-stage procedure: 3 processes per cell, then as many as the
+    inconclusive statements' plans ask (at most `cap`, a budget), judged once on all of them."""
+    rng = np.random.default_rng(seed)
+    noise, factor = NOISE[noise_name], TRUTH[truth_name]
+    truth = true_effects(factor)
+    family_false = simultaneous = 0
+    sizes = []
+    answers = {SLOWER: 0, FASTER: 0, EQUIVALENT: 0, "inconclusive": 0}
+    for _ in range(reps):
+        data = simulate_report(rng, 3, noise, factor)
+        fits, stmts = _judge(data)
+        wanted = [plan(fits[a.key[3]], a.key[2], a.alpha, MARGIN) for a in stmts
+                  if a.kind == "inconclusive"]
+        n = min(cap, max([3, *[w[0] for w in wanted if w]],
+                         default=3) if any(wanted) else (cap if wanted else 3))
+        if n > 3:
+            more = simulate_report(rng, n - 3, noise, factor)
+            for p in data:
+                for case in data[p]:
+                    data[p][case] += more[p][case]
+        _, stmts = _judge(data)
+        sizes.append(n)
+        all_in, any_false = True, False
+        for a in stmts:
+            theta = truth[(a.key[2], a.key[3])]
+            assert a.low is not None and a.high is not None
+            all_in &= math.log(a.low) <= theta <= math.log(a.high)
+            any_false |= false_claim(a.kind, theta)
+            answers[a.kind] += 1
+        simultaneous += all_in
+        family_false += any_false
+    count = sum(answers.values())
+    return {"noise": noise_name, "truth": truth_name, "reps": reps, "cap": cap,
+            "processes_median": float(np.median(sizes)), "processes_max": int(max(sizes)),
+            "simultaneous": simultaneous / reps, "family_false": family_false / reps,
+            "answers": {k: v / count for k, v in answers.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2000)
     parser.add_argument("--n", type=int, nargs="*", default=list(range(2, 9)))
+    parser.add_argument("--auto-reps", type=int, default=500,
+                        help="reports per row of the two-stage (auto) table; 0: none")
     args = parser.parse_args()
     print(f"confidence {CONFIDENCE:.0%}, margin +-{MARGIN:.0%}, {args.reps} reports per row; "
           "coverage of the 95% intervals (training, rollout, interaction), simultaneous "
@@ -180,6 +231,22 @@ def main() -> None:
                       f"{a[EQUIVALENT]:.2f} | {a['inconclusive']:.2f} | "
                       f"{r['warmup_dropped']:.2f} | {r['seconds_per_report']:.4f} |",
                       flush=True)
+
+    if args.auto_reps:
+        print()
+        print("two-stage (--rlk-processes=auto): 3 processes per cell, then what the plans ask, "
+              "at most 16 (the budget)")
+        print("| noise | truth | processes median | max | simultaneous | family-wise false "
+              "| slower | faster | no diff | inconclusive |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for noise_name in NOISE:
+            for truth_name in TRUTH:
+                r = run_auto(noise_name, truth_name, args.auto_reps)
+                a = r["answers"]
+                print(f"| {noise_name} | {truth_name} | {r['processes_median']:.0f} | "
+                      f"{r['processes_max']} | {r['simultaneous']:.3f} | {r['family_false']:.3f} "
+                      f"| {a[SLOWER]:.2f} | {a[FASTER]:.2f} | {a[EQUIVALENT]:.2f} | "
+                      f"{a['inconclusive']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
