@@ -205,6 +205,39 @@ def run_auto(noise_name: str, truth_name: str, reps: int, cap: int = 16,
             "answers": {k: v / count for k, v in answers.items()}}
 
 
+def cost(processes: int = 8, steps: int = 12) -> None:
+    """Print what a whole report's statistics cost: `report.perf.performance` on three modules
+    x four cells x `processes` x `steps` (every statement, its plan, the cells' intervals),
+    and scipy.stats's import, once per process (in a fresh interpreter)."""
+    import subprocess
+
+    from pytest_rlkernel_matrix.report.perf import performance
+
+    rng = np.random.default_rng(3)
+    records = []
+    for module in ("attention", "ffn", "logp"):
+        for case in CELLS:
+            data = simulate_report(rng, processes, {**NOISE["h200"], "steps": steps}, 1.17)
+            spread = {f"{p}_wall_time": {"processes": g[case],
+                                         "steps": [v for x in g[case] for v in x]}
+                      for p, g in data.items()}
+            records.append({"hardware": "sim", "module": module, "case": case,
+                            "verdict": "valid", "performance_usable": True,
+                            "step_wall_time": float(np.median(spread["step_wall_time"]["steps"])),
+                            "phase_spread": spread, "performance_policy": {"processes": processes}})
+    performance(records)  # imports
+    t0 = time.perf_counter()
+    perf = performance(records)
+    took = time.perf_counter() - t0
+    code = ("import time; t = time.perf_counter(); import scipy.stats; "
+            "print(time.perf_counter() - t)")
+    imp = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True).stdout)
+    print(f"\nstatistics of a whole report ({perf['family']} statements: 3 modules x 4 cells x "
+          f"{processes} processes x {steps} steps, with plans and cell intervals): {took:.3f} s; "
+          f"import scipy.stats once per process: {imp:.3f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2000)
@@ -232,6 +265,7 @@ def main() -> None:
                       f"{r['warmup_dropped']:.2f} | {r['seconds_per_report']:.4f} |",
                       flush=True)
 
+    cost()
     if args.auto_reps:
         print()
         print("two-stage (--rlk-processes=auto): 3 processes per cell, then what the plans ask, "

@@ -247,7 +247,8 @@ def test_table_and_terminal_give_one_ratio_in_one_direction() -> None:
               _record("P/P", FAST)]
     row = next(line for line in markdown_table({"cells": single}) if "| P/R |" in line)
     assert row.endswith(f"| 2.02 {ONE_PROCESS} |"), row
-    assert "step time R/R / P/R 2.02, n=5/5" in attribute(single)[0]["conclusion"]
+    assert ("R on the training side: step time inconclusive, 2.02x: one process per cell"
+            in attribute(single)[0]["conclusion"])
 
 
 def test_one_reason_for_no_conclusion_in_terminal_html_and_table() -> None:

@@ -102,6 +102,20 @@ def test_three_answers_and_how_many_processes_would_resolve() -> None:
     assert dear and cheap and dear[1] >= cheap[1]
 
 
+def test_t_and_bartlett_are_scipy_stats() -> None:
+    from scipy import stats
+
+    from pytest_rlkernel_matrix.judge.factorial import bartlett_p, t_quantile, t_sf
+
+    for df in (1.0, 2.5, 4.0, 28.0):
+        assert t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-10)
+        assert t_sf(1.7, df) == pytest.approx(stats.t.sf(1.7, df), rel=1e-10)
+    rng = np.random.default_rng(2)
+    for n in (2, 3, 8):
+        xs = [rng.normal(0, s, n) for s in (1.0, 1.2, 0.8, 3.0)]
+        assert bartlett_p(xs) == pytest.approx(stats.bartlett(*xs).pvalue, rel=1e-9)
+
+
 def test_closed_levels_are_bonferroni_unless_statements_are_settled_both_ways() -> None:
     assert closed_levels([0.001, 0.5, 0.5], [0.9, 0.9, 0.9], 0.05) == pytest.approx([0.05 / 3] * 3)
     # two statements settled both ways (both p small): the third is judged at 0.05

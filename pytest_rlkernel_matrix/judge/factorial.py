@@ -12,9 +12,9 @@ The model (docs/en/performance.md, "The statistical model"):
   **interaction** ``RR - PR - RP + PP`` (shown, not a statement). exp() of an effect is a time
   ratio, time with R / time with P; below 1 R takes less time.
 - **Variance.** Pooled over the four cells (``df = sum(n_c - 1)``) when Bartlett's test
-  (`scipy.stats.bartlett`) does not reject equal variances at 5%; otherwise each cell's own
-  variance and Welch-Satterthwaite degrees of freedom. Intervals from Student's t
-  (`scipy.stats.t`).
+  (`bartlett_p`: scipy.stats.bartlett's statistic) does not reject equal variances at 5%;
+  otherwise each cell's own variance and Welch-Satterthwaite degrees of freedom. Intervals from
+  Student's t (scipy's, `t_quantile`).
 - **Three answers per side and phase** (`decide`): "slower"/"faster" when the interval excludes
   1; "no difference within +-m" when the whole interval lies inside ``[1/(1+m), 1+m]``
   (``[performance] equivalence``, default 5%); otherwise "inconclusive", with about how many
@@ -54,6 +54,37 @@ MAX_STEPS = 200  # the most steps per process `plan` proposes
 DEFAULT_START_STEPS = 10.0  # a process's fixed cost in steady steps, when not measured
 
 
+# Student t and chi-square from scipy.special (the functions scipy.stats.t and scipy.stats.chi2
+# call): importing scipy.stats costs ~0.5 s (2-3 s on a loaded box) per process, scipy.special
+# ~0.2 s; tests/test_perf_model.py checks these against scipy.stats.
+def t_quantile(p: Any, df: Any) -> Any:
+    """scipy.stats.t.ppf(p, df)."""
+    from scipy.special import stdtrit
+
+    return stdtrit(df, p)
+
+
+def t_sf(x: float, df: float) -> float:
+    """scipy.stats.t.sf(x, df)."""
+    from scipy.special import stdtr
+
+    return float(stdtr(df, -x))
+
+
+def bartlett_p(samples: Sequence[np.ndarray]) -> float:
+    """The p-value of Bartlett's test of equal variances (scipy.stats.bartlett's statistic
+    and its chi-square tail, k - 1 degrees of freedom)."""
+    from scipy.special import chdtrc
+
+    n = np.array([x.size for x in samples], dtype=np.float64)
+    v = np.array([np.var(x, ddof=1) for x in samples])
+    k, total = len(samples), float(n.sum())
+    pooled = float(((n - 1) * v).sum() / (total - k))
+    stat = ((total - k) * math.log(pooled) - float(((n - 1) * np.log(v)).sum())) / (
+        1.0 + (float((1.0 / (n - 1)).sum()) - 1.0 / (total - k)) / (3.0 * (k - 1)))
+    return float(chdtrc(k - 1, stat))
+
+
 @dataclass
 class CellFit:
     """One cell's processes of one phase."""
@@ -91,9 +122,7 @@ class Effect:
         """exp() of the two-sided `level` t interval: time ratio bounds."""
         if self.se is None or self.df is None:
             return None
-        from scipy.stats import t
-
-        half = float(t.ppf(0.5 + level / 2.0, self.df)) * self.se
+        half = float(t_quantile(0.5 + level / 2.0, self.df)) * self.se
         return math.exp(self.estimate - half), math.exp(self.estimate + half)
 
     @property
@@ -104,21 +133,17 @@ class Effect:
         """Two-sided p-value of 'no effect' (the smallest alpha whose interval excludes 0)."""
         if self.se is None or self.df is None:
             return 1.0
-        from scipy.stats import t
-
         if self.se == 0:
             return 0.0 if self.estimate != 0 else 1.0
-        return float(2.0 * t.sf(abs(self.estimate) / self.se, self.df))
+        return 2.0 * t_sf(abs(self.estimate) / self.se, self.df)
 
     def p_equivalence(self, delta: float) -> float:
         """The smallest alpha whose two-sided interval lies inside (-delta, delta)."""
         if self.se is None or self.df is None or abs(self.estimate) >= delta:
             return 1.0
-        from scipy.stats import t
-
         if self.se == 0:
             return 0.0
-        return float(2.0 * t.sf((delta - abs(self.estimate)) / self.se, self.df))
+        return 2.0 * t_sf((delta - abs(self.estimate)) / self.se, self.df)
 
 
 @dataclass
@@ -174,16 +199,14 @@ def fit(groups: Mapping[str, Sequence[Sequence[float]]]) -> Fit:
     variances = [float(c.var or 0.0) for c in ordered]
     pooled_var = sum((c.n - 1) * v for c, v in zip(ordered, variances, strict=True)) / sum(
         c.n - 1 for c in ordered)
-    bartlett_p: float | None = None
+    bartlett: float | None = None
     if all(v > 0 for v in variances):
-        from scipy.stats import bartlett
-
-        bartlett_p = float(bartlett(*[c.y for c in ordered]).pvalue)
-        pooled = bartlett_p >= EQUAL_VARIANCE_ALPHA
+        bartlett = bartlett_p([c.y for c in ordered])
+        pooled = bartlett >= EQUAL_VARIANCE_ALPHA
     else:
         pooled = True  # a cell of identical processes: nothing to test, pool
     if not pooled:
-        notes.append(f"cell variances differ (Bartlett p={bartlett_p:.3g}): Welch-Satterthwaite "
+        notes.append(f"cell variances differ (Bartlett p={bartlett:.3g}): Welch-Satterthwaite "
                      "degrees of freedom")
     for name, w in WEIGHTS.items():
         est = float(np.dot(w, means))
@@ -197,7 +220,7 @@ def fit(groups: Mapping[str, Sequence[Sequence[float]]]) -> Fit:
     between = None
     if within_var is not None:
         between = max(0.0, pooled_var - within_var / steps)
-    return Fit(cells, effects, pooled, bartlett_p, within_var, between, steps, measured, notes)
+    return Fit(cells, effects, pooled, bartlett, within_var, between, steps, measured, notes)
 
 
 # -- the three answers ---------------------------------------------------------------------------
@@ -283,10 +306,8 @@ def plan(f: Fit, effect: str, alpha: float, margin: float,
     target = math.log1p(margin) / 2.0
     w = WEIGHTS[effect]
     cw = sum(x * x for x in w)  # with N processes in every cell: var = cw / N * var(process)
-    from scipy.stats import t
-
     ns = np.arange(2, MAX_PROCESSES + 1)
-    quant = t.ppf(1.0 - alpha / 2.0, 4.0 * (ns - 1))
+    quant = t_quantile(1.0 - alpha / 2.0, 4.0 * (ns - 1))
     best: tuple[float, int, int] | None = None
     s_min = max(2, round(f.measured_steps or f.steps))
     for s in range(s_min, MAX_STEPS + 1):

@@ -17,7 +17,7 @@ Otherwise the statement is "no conclusion: noise" with the figures. This two-cel
 from the 2x2 factorial of `judge/factorial.py` (docs/en/performance.md). The interval: each
 process gives one number, the trimmed mean of its steady-state steps' log times
 (`judge/steady.py`: the warm-up transient dropped by MSER), and the ratio's interval is Welch's
-t interval of the difference of the two sides' mean log locations (`scipy.stats.t`), at the
+t interval of the difference of the two sides' mean log locations (scipy's t), at the
 process level. The hierarchical bootstrap it replaces (processes, then steps) under-covered at
 2-3 processes per cell (16% false slower/faster at a promised 0.625%, issue 43).
 `RESAMPLES` and `SEED` remain for the drift trend of `judge/steps.py`.
@@ -89,14 +89,14 @@ def process_ratio(num: Groups, den: Groups,
     est = float(a.mean() - b.mean())
     if a.size < 2 or b.size < 2:
         return math.exp(est), None, None
-    from scipy.stats import t
+    from pytest_rlkernel_matrix.judge.factorial import t_quantile
 
     va, vb = float(np.var(a, ddof=1)) / a.size, float(np.var(b, ddof=1)) / b.size
     se2 = va + vb
     if se2 == 0:
         return math.exp(est), math.exp(est), math.exp(est)
     df = se2 * se2 / (va * va / (a.size - 1) + vb * vb / (b.size - 1))
-    half = float(t.ppf(0.5 + confidence / 2.0, df)) * math.sqrt(se2)
+    half = float(t_quantile(0.5 + confidence / 2.0, df)) * math.sqrt(se2)
     return math.exp(est), math.exp(est - half), math.exp(est + half)
 
 

@@ -134,7 +134,7 @@ def sentence(side: str, phase: str, kind: str, ratio: float | None, low: float |
 def _cell_phases(f: Fit, phase: str, out: dict[str, dict[str, Any]], confidence: float) -> None:
     """Each cell's steady location of `phase` (seconds) with a t interval over its processes
     (descriptive, at the declared level) and which steps of each process counted."""
-    from scipy.stats import t
+    from pytest_rlkernel_matrix.judge.factorial import t_quantile
 
     for case, cell in f.cells.items():
         y = cell.y
@@ -144,7 +144,7 @@ def _cell_phases(f: Fit, phase: str, out: dict[str, dict[str, Any]], confidence:
                                  "steady": [{"first_kept": p.first, "kept": p.n,
                                              "measured": p.total} for p in cell.processes]}
         if cell.n > 1:
-            half = float(t.ppf(0.5 + confidence / 2, cell.n - 1)) * float(
+            half = float(t_quantile(0.5 + confidence / 2, cell.n - 1)) * float(
                 np.std(y, ddof=1)) / math.sqrt(cell.n)
             entry["low"], entry["high"] = (math.exp(float(y.mean()) - half),
                                            math.exp(float(y.mean()) + half))
