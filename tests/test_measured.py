@@ -251,6 +251,18 @@ def test_contaminated_or_single_process_cells_state_nothing() -> None:
     assert "inconclusive, 1.50x: one process per cell" in line and "--rlk-processes=3" in line
 
 
+def test_a_phase_timed_at_zero_is_not_judged_and_the_rest_is() -> None:
+    records = _module("ffn", 1.5)
+    for r in records:
+        zero = [[0.0] * 6 for _ in range(3)]
+        r["phase_spread"]["weight_sync_wall_time"] = {"steps": [0.0] * 18, "processes": zero}
+    said = {(s["side"], s["phase"]): s for s in performance(records)["modules"][0]["statements"]}
+    assert said[("rollout", "weight_sync_wall_time")]["text"] == (
+        "R on the rollout side: weight sync phase not judged (weight sync times not all "
+        "positive)")
+    assert said[("rollout", "rollout_wall_time")]["kind"] == "slower"
+
+
 def test_measured_cells_whose_runs_were_all_dropped_say_why_not_how() -> None:
     """Three processes asked for, none counted (noise): the line gives the reason, never the
     advice to run several processes."""

@@ -178,6 +178,14 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             groups = {c: process_steps(cells[c], phase) for c in CELLS}
             if not all(groups.values()):
                 continue
+            if any(v <= 0 or v != v for g in groups.values() for x in g for v in x):
+                # a phase timed at 0 s (a job without weight sync) has no ratio on log time
+                for side in SIDES:
+                    entry["statements"].append({
+                        "side": side, "phase": phase, "kind": NOT_JUDGED, "ratio": None,
+                        "low": None, "high": None, "resolve": None,
+                        "why": f"{_phase(phase)} times not all positive"})
+                continue
             f = fit(groups)
             _cell_phases(f, phase, entry["cells"], declared.confidence)
             inter = f.effects["interaction"]
