@@ -368,7 +368,9 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entry["refused"].extend(refused)
         entry["timing"] = ratios
         said = statements.get((hardware, module))
-        if said:  # the report's own sentences (report/perf.py): one answer, said one way
+        if said and not timing.startswith("no performance conclusion"):
+            # the report's own sentences (report/perf.py): one answer, said one way; cells
+            # without a run or on nodes that differ keep the refusal above
             entry["statements"] = said
             timing = "; ".join(s["text"] for s in said if s["phase"] in (
                 "step_wall_time", f"{s['side']}_wall_time"))
