@@ -464,17 +464,18 @@ class MatrixHooks:
 
             total = ms.matrix.performance.processes
             reporter = self.config.pluginmanager.getplugin("terminalreporter")
-            say = None
+            say: Any = None
             if total > 1 and reporter is not None and not self.is_worker:
                 capman = self.config.pluginmanager.getplugin("capturemanager")
 
-                def say(line: str) -> None:  # past the test's output capture, as it happens
+                def _say(line: str) -> None:  # past the test's output capture, as it happens
                     if capman is None:
                         reporter.write_line(line)
                         return
                     with capman.global_and_fixture_disabled():
                         reporter.write_line(line)
 
+                say = _say
                 say(f"rlk: measured runs: processes 2-{total} of "
                     f"{plural(len(ms.ran), 'run')}, interleaved round by round")
             run_measured(ms, say)
