@@ -294,10 +294,11 @@ def _performance(report: Mapping[str, Any]) -> View | None:
                                            rows),
                       "phases": _table(("cell", "rollout", "training", "weight sync", "step"),
                                        prow)})
-    intro = (f"Every ratio reads {perf.get('direction')}. Intervals: {perf.get('method')} "
-             f"(family of {perf.get('family')} comparisons, each at "
-             f"{100 * float(perf.get('family_confidence') or 0):.4g}%). Phase times per cell: "
-             f"{perf.get('cell_interval')}.")
+    intro = (f"Every ratio reads {perf.get('direction')}. Statements: {perf.get('method')} "
+             f"({perf.get('family')} statements, "
+             f"{100 * float(perf.get('family_confidence') or 0):.4g}% family-wise; no "
+             f"difference means within ±{100 * float(perf.get('equivalence') or 0):.3g}%). "
+             f"Phase times per cell: {perf.get('cell_interval')}.")
     return {"intro": intro, "modules": views}
 
 
