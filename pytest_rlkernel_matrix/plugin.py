@@ -526,9 +526,10 @@ class MatrixHooks:
             for log in dict.fromkeys(failed_run_log(ms.root, rec) for rec in recs):
                 if log is not None:
                     tr.write_line(f"    run.log: {log}")
-        from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
+        from pytest_rlkernel_matrix.report.attribution import attribute_factors
+        from pytest_rlkernel_matrix.report.perf import attribute_said
 
-        for entry in [*attribute(list(ms.records.values())),
+        for entry in [*attribute_said(list(ms.records.values())),
                       *attribute_factors(list(ms.records.values()))]:
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
         for line in _performance_lines(ms):

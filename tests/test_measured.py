@@ -429,5 +429,5 @@ def test_processes_option_takes_a_number_or_auto(tmp_path: Path) -> None:
     with pytest.raises(pytest.UsageError, match="--rlk-perf-budget"):
         performance_options(matrix, "auto", 0)
     path.write_text(path.read_text() + "[performance]\nequivalence = 0\n")
-    with pytest.raises(MatrixFileError, match=r"matrix\.toml: .*performance\.equivalence"):
+    with pytest.raises(MatrixFileError, match=r"(?s)matrix\.toml: .*performance\.equivalence"):
         load_matrix(path)

@@ -25,13 +25,13 @@ from pytest_rlkernel_matrix.judge.stats import (
 )
 from pytest_rlkernel_matrix.report.attribution import (
     UNUSABLE,
-    attribute,
     comparisons,
     family_policy,
     no_conclusion_reason,
     timing_ratio,
 )
 from pytest_rlkernel_matrix.report.html import render_html
+from pytest_rlkernel_matrix.report.perf import attribute_said as attribute
 from pytest_rlkernel_matrix.run.contamination import (
     Sampler,
     judge,

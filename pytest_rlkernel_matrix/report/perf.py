@@ -45,6 +45,7 @@ from pytest_rlkernel_matrix.judge.stats import DIRECTION, bounds, level
 from pytest_rlkernel_matrix.report.attribution import (
     COMPARED_PHASES,
     MODULES,
+    attribute,
     policy_of,
     process_steps,
 )
@@ -264,3 +265,14 @@ def module_line(entry: Mapping[str, Any], margin: float, family: int,
     tail = (f"\n  {len(dropped)} process(es) not counted: " + "; ".join(dropped)
             if dropped else "")
     return head + ":\n" + "\n".join(f"  {s['text']}" for s in stmts if "text" in s) + tail
+
+
+def said_by_module(perf: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(hardware, module) -> the statements of a `performance` section."""
+    return {(str(m["hardware"]), str(m["module"])): list(m["statements"])
+            for m in perf.get("modules") or [] if m.get("statements")}
+
+
+def attribute_said(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`attribution.attribute` whose timing conclusions are the report's sentences."""
+    return attribute(records, said_by_module(performance(records)))
