@@ -43,9 +43,10 @@ from pathlib import Path
 
 import pytest
 
-# scipy.stats (judge/factorial.py, imported lazily by the report) loads numpy.fft's C extension:
-# imported first inside an in-process `pytester.runpytest`, it would leave sys.modules with that
-# session's snapshot and fail to load again ("cannot load module more than once per process").
+# scipy (judge/factorial.py imports scipy.special lazily; tests compare it with scipy.stats)
+# loads C extensions that, imported first inside an in-process `pytester.runpytest`, leave with
+# that session's sys.modules snapshot and fail to load again ("cannot load module more than
+# once per process"): both are imported here, up front.
 import scipy.stats  # noqa: F401
 import torch  # noqa: F401
 
