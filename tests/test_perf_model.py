@@ -134,3 +134,19 @@ def test_small_coverage_simulation_keeps_nominal_coverage_and_family_wise_error(
         assert min(r["coverage"].values()) >= 0.90, r
         assert r["simultaneous"] >= 0.90 and r["family_false"] <= 0.10, r
         assert r["seconds_per_report"] < 1.0
+
+
+def test_noise_gate_reads_the_steady_steps_and_says_what_it_dropped() -> None:
+    """A first step of 15 s among 3 s ones (what a CPU drill run showed) is the warm-up
+    transient, not noise; a slow step in the middle still is, named with the dropped ones."""
+    from pytest_rlkernel_matrix.judge.stats import summary, timing_noise
+    from pytest_rlkernel_matrix.spec.limits import Policy
+
+    def spread(steps: list[float]) -> dict:
+        return {"step_wall_time": {**summary(steps), "steps": steps}}
+
+    assert timing_noise(spread([15.2, 3.0, 3.1, 2.98, 3.05, 3.02]), Policy()) == []
+    (why,) = timing_noise(spread([15.2, 3.0, 3.1, 3.05, 3.02, 2.99, 9.0, 3.01]), Policy())
+    assert why.startswith("noise: step time spread (max-min)/median 199% > 50% (n=7") and \
+        "after 1 warm-up step(s)" in why, why
+    assert timing_noise(spread([3.0] * 4), Policy())[0].startswith("noise: 4 measured step")
