@@ -377,7 +377,8 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     lines += ["", f"Rule: a ratio is a conclusion only with at least {policy.min_steps} measured "
               f"steps and {policy.min_processes} processes per cell, a relative spread at most "
               f"{policy.max_relative_spread:.0%}, usable (uncontaminated) timings and a {level_} "
-              "bootstrap interval (processes, then steps) excluding 1, the declared confidence "
+              "Welch t interval over the processes' steady-state locations excluding 1 (two "
+              "cells; the report's statements are the 2x2 factorial's), the declared confidence "
               f"widened for the report's {comparisons(cells)} comparisons (Bonferroni); with one "
               "process per cell no interval is shown."]
     return lines

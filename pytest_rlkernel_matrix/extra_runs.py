@@ -13,6 +13,17 @@ route or have unusable timings (with the reason) and gives the judge the steps p
 The controller takes the new timing fields from each run's `cell-record.json` at session end
 (`refresh`), since the items reported before the measured runs ran.
 
+`--rlk-processes=auto` (`[performance] auto = true`), a **two-stage** procedure (Stein's): stage
+one runs `AUTO_FIRST` processes per cell (interleaved as above) and measures the variance
+components; from them `judge.performance.factorial.plan` says, per statement, about how many
+processes per
+cell would resolve it; stage two adds rounds up to the largest such number, once, fixed before
+any of its processes ran, and stopped early only by the budget (`--rlk-perf-budget` minutes,
+`[performance] budget`: the rounds that fit by the measured cost of a round). The statements
+are then judged once, on every process, at the report's family-wise level: no interim look
+decides anything, so no error is spent on looks. The steps per process are the workload's own
+(this runner does not change them); the plan's S says how many would be cheaper.
+
 Functions of the session (`session.MatrixSession`, passed in as `ms`; never imported here).
 """
 
@@ -39,30 +50,114 @@ def _wanted(run_dir: Path) -> bool:
     return isinstance(record, dict) and record.get("verdict") == "valid"
 
 
-def run_measured(ms: Any) -> int:
+AUTO_FIRST = 3  # stage one of --rlk-processes=auto: processes per cell
+AUTO_MAX = 64
+
+
+def performance_options(matrix: Any, processes: str | int | None, budget: float | None) -> Any:
+    """`matrix` with --rlk-processes (N or auto) and --rlk-perf-budget applied."""
+    import pytest
+
+    perf = matrix.performance
+    update: dict[str, Any] = {}
+    if processes is not None:
+        raw = str(processes).strip().lower()
+        if raw == "auto":
+            update.update(auto=True)
+        else:
+            try:
+                n = int(raw)
+            except ValueError:
+                n = 0
+            if not 1 <= n <= 64:
+                raise pytest.UsageError(f"--rlk-processes={processes}: a number from 1 to 64, "
+                                        "or auto")
+            update.update(processes=n, auto=False)
+    if budget is not None:
+        if not 0 < budget <= 24 * 60:
+            raise pytest.UsageError(f"--rlk-perf-budget={budget}: minutes, above 0 and at "
+                                    "most 1440")
+        update.update(budget=float(budget))
+    if update.get("auto", perf.auto):
+        update["processes"] = max(AUTO_FIRST, int(update.get("processes", perf.processes)))
+    if not update:
+        return matrix
+    return matrix.model_copy(update={"performance": perf.model_copy(update=update)})
+
+
+def _round(ms: Any, runs: list[Any], k: int) -> int:
+    """Process k of every run in `runs`, in order; how many ran."""
+    count = 0
+    for cell, mode, run_dir, hook in runs:
+        target = run_dir / f"{MEASURED_PREFIX}{k}"
+        if target.exists():
+            continue  # never overwrite; the analysis counts what is there
+        meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
+        job = ms._prepare(cell, mode, target, hook, run_id=f"{meta['run_id']}.p{k}",
+                          extra_env={ROLE_VAR: "measured", PROCESS_VAR: str(k)})
+        outcome = ms._wait(cell, job)
+        ms._finish(cell, mode, target, outcome.result, job.recorded, [], outcome,
+                   cpu_share=job.cpu_share, analyze=False)
+        count += 1
+        if outcome.result.interrupted:
+            raise KeyboardInterrupt
+    return count
+
+
+def auto_target(records: list[dict[str, Any]], first: int, round_s: float,
+                left_s: float) -> tuple[int, list[str]]:
+    """Stage two's processes per cell: the most any inconclusive statement's plan asks for
+    (at most `AUTO_MAX`), cut to the rounds that fit in `left_s` at `round_s` a round; and
+    the stage-one statements (what the progress shows)."""
+    from pytest_rlkernel_matrix.report.perf import performance
+
+    perf = performance(records)
+    said = [s for m in perf["modules"] for s in m["statements"]]
+    wanted = [int(s["resolve"]["processes"]) for s in said
+              if s.get("kind") == "inconclusive" and s.get("resolve")]
+    unresolvable = [s for s in said if s.get("kind") == "inconclusive" and not s.get("resolve")]
+    target = max([first, *wanted]) if wanted else (AUTO_MAX if unresolvable else first)
+    fits = first + (int(left_s // round_s) if round_s > 0 else 0)
+    return max(first, min(target, AUTO_MAX, fits)), [str(s["text"]) for s in said]
+
+
+def run_measured(ms: Any, say: Any = None) -> int:
     """Processes 2..N of every run this process started, interleaved round by round; then each
-    run's record again (with its measured runs). Returns how many measured runs ran."""
-    total = int(ms.matrix.performance.processes)
+    run's record again (with its measured runs). With `[performance] auto`, stage two's
+    rounds after stage one's (`auto_target`). Returns how many measured runs ran."""
+    import time
+
+    perf = ms.matrix.performance
+    total = int(perf.processes)
     todo, ms.ran = list(ms.ran), []
     if total <= 1 or not todo or ms.matrix.runner.launcher != "local":
         return 0  # a scheduler's node cannot be sampled: its timings are never usable
     runs = [(c, m, d, h) for c, m, d, h in todo if _wanted(d)]
     count = 0
+    start = time.monotonic()
     try:
         for k in range(2, total + 1):
-            for cell, mode, run_dir, hook in runs:
-                target = run_dir / f"{MEASURED_PREFIX}{k}"
-                if target.exists():
-                    continue  # never overwrite; the analysis counts what is there
-                meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
-                job = ms._prepare(cell, mode, target, hook, run_id=f"{meta['run_id']}.p{k}",
-                                  extra_env={ROLE_VAR: "measured", PROCESS_VAR: str(k)})
-                outcome = ms._wait(cell, job)
-                ms._finish(cell, mode, target, outcome.result, job.recorded, [], outcome,
-                           cpu_share=job.cpu_share, analyze=False)
-                count += 1
-                if outcome.result.interrupted:
-                    raise KeyboardInterrupt
+            count += _round(ms, runs, k)
+            if say is not None and perf.auto:
+                say(f"rlk: auto stage 1: process {k} of {total} per cell "
+                    f"({len(runs)} cells)")
+        if perf.auto and runs:
+            records = [ms._analyze(d, c) for c, _, d, _ in runs]
+            round_s = (time.monotonic() - start) / max(1, total - 1)
+            left = perf.budget * 60.0 - (time.monotonic() - start) - round_s  # + round 1
+            target, said = auto_target(records, total, round_s, left)
+            if say is not None:
+                say(f"rlk: auto: stage 1 gave {len(said)} statements; stage 2 runs processes "
+                    f"{total + 1}-{target} per cell ({round_s:.0f} s a round, budget "
+                    f"{perf.budget:g} min)" if target > total else
+                    "rlk: auto: stage 1 resolves what it can; no stage 2")
+                for line in said:
+                    say(f"rlk:   {line}")
+            for k in range(total + 1, target + 1):
+                count += _round(ms, runs, k)
+                if say is not None:
+                    say(f"rlk: auto stage 2: process {k} of {target} per cell "
+                        f"({time.monotonic() - start:.0f} s of {perf.budget * 60:.0f} s)")
     finally:  # stopped or not: each record with the measured runs that did run (and why not)
         for cell, _, run_dir, _ in runs:
             ms.write_json(run_dir / RECORD_CACHE, ms._analyze(run_dir, cell))

@@ -67,10 +67,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rlk-repeat-baseline", action="store_true", default=False,
                     help="run the all-R baseline twice (same seed, separate processes) and "
                     "judge the run_to_run_bitwise claim ([reproducibility] runs = 2)")
-    group.addoption("--rlk-processes", metavar="N", type=int, default=None,
+    group.addoption("--rlk-processes", metavar="N|auto", default=None,
                     help="processes per cell: the correctness run, then N-1 measured runs "
                     "interleaved across the cells, so timings support a statement (default: "
-                    "[performance] processes, else 1)")
+                    "[performance] processes, else 1); auto: a first stage of 3, then as many "
+                    "as the statements need within --rlk-perf-budget")
+    group.addoption("--rlk-perf-budget", metavar="MINUTES", type=float, default=None,
+                    help="with --rlk-processes=auto: minutes the measured runs may take "
+                    "(default: [performance] budget, 10)")
     group.addoption("--rlk-plan", action="store_true", default=False,
                     help="print each cell's env and command; run nothing")
     group.addoption("--rlk-probe", action="store_true", default=False,
@@ -146,12 +150,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("rlk_repeat_baseline"):
         matrix = matrix.model_copy(update={
             "reproducibility": matrix.reproducibility.model_copy(update={"runs": 2})})
-    processes = config.getoption("rlk_processes")
-    if processes is not None:
-        if not 1 <= processes <= 64:
-            raise pytest.UsageError(f"--rlk-processes={processes}: a number from 1 to 64")
-        matrix = matrix.model_copy(update={
-            "performance": matrix.performance.model_copy(update={"processes": processes})})
+    from pytest_rlkernel_matrix.extra_runs import performance_options
+
+    matrix = performance_options(matrix, config.getoption("rlk_processes"),
+                                 config.getoption("rlk_perf_budget"))
     if config.getoption("rlk_profile"):
         matrix = matrix.model_copy(update={
             "profile": matrix.profile.model_copy(update={"when": "always"})})
@@ -190,8 +192,14 @@ def pytest_configure(config: pytest.Config) -> None:
             # One session per matrix root, claimed before anything is written or probed.
             auto = not (config.getoption("rlk_matrix_root") or os.environ.get("MATRIX_ROOT")
                         or os.environ.get("MATRIX_STAMP"))
-            root, undo = _claim_fresh_root(config, root) if auto else (
-                root, _claim_root(config, root))
+            from pytest_rlkernel_matrix.run.rootlock import RootError, claim_fresh, claim_session
+
+            try:
+                root, undo = (claim_fresh(root, config.add_cleanup, (PREFLIGHT_FILE,
+                                                                     "matrix-report.json"))
+                              if auto else (root, claim_session(root, config.add_cleanup)))
+            except RootError as exc:
+                raise pytest.UsageError(str(exc)) from None
         try:
             for name in (PREFLIGHT_FILE, "matrix-report.json", "matrix-report.html"):
                 if not dry and (root / name).exists():
@@ -237,69 +245,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     pytest_html.install(config)
     json_report.install(config)
-
-
-def _claim_fresh_root(config: pytest.Config, root: Path) -> tuple[Path, Callable[[], None]]:
-    """The default root (`ablation-matrix-<stamp>`) or, when a session started in the same
-    second holds it or used it, the first free `<stamp>-2`, `<stamp>-3`, ...: default roots
-    never collide. Returns the root claimed and its undo."""
-    from pytest_rlkernel_matrix.run.rootlock import RootBusy
-
-    for n in range(1, 100):
-        candidate = root if n == 1 else root.with_name(f"{root.name}-{n}")
-        if any((candidate / name).exists() for name in (PREFLIGHT_FILE, "matrix-report.json")):
-            continue
-        try:
-            return candidate, _claim_root(config, candidate, busy=RootBusy)
-        except RootBusy:
-            continue
-    raise pytest.UsageError(f"{root}: 99 sessions hold or used this default matrix root and "
-                            "its numbered siblings; pass --rlk-matrix-root")
-
-
-def _claim_root(config: pytest.Config, root: Path,
-                busy: type[Exception] | None = None) -> Callable[[], None]:
-    """Take `root`'s session lock (a usage error naming the root when it is busy, a file, under
-    a file or not writable). Returns the undo for a session that stops before it begins: it
-    removes only what this session created (its preflight-raw/, the lock file, the root and
-    the parents it made, when left empty) and releases the lock."""
-    import shutil
-
-    from pytest_rlkernel_matrix.run.rootlock import LOCK_FILE, RootError, claim
-
-    made: list[Path] = []
-    for folder in (root, *root.parents):
-        if folder.exists() or folder.is_symlink():
-            break
-        made.append(folder)
-    lock_file, raw = root / LOCK_FILE, root / "preflight-raw"
-    fresh_lock, fresh_raw = not lock_file.exists(), not raw.exists()
-    try:
-        lock = claim(root)
-    except RootError as exc:
-        for folder in made:  # a root created before its lock file failed
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        if busy is not None and isinstance(exc, busy):
-            raise  # the caller tries the next default root
-        raise pytest.UsageError(str(exc)) from None
-    config.add_cleanup(lock.release)
-
-    def undo() -> None:
-        if fresh_raw and raw.is_dir():
-            shutil.rmtree(raw, ignore_errors=True)
-        if fresh_lock:  # removed while still held: no other session can have claimed it
-            lock_file.unlink(missing_ok=True)
-        lock.release()
-        for folder in made:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-
-    return undo
 
 
 def _take_signals(config: pytest.Config, session: MatrixSession, controller: bool) -> None:
@@ -424,13 +369,17 @@ class MatrixHooks:
         config.pluginmanager.register(self.words, "rlk-matrix-summary-words")
 
     def pytest_report_header(self) -> list[str]:
+        # a fault drill's session says so first (report/drill.py; issue 43)
+        drill = os.environ.get("RLK_REF_FAULT", "").strip()
+        top = [f"rlk: FAULT DRILL RLK_REF_FAULT={drill}: a planted fault, this session's "
+               "timings and drifts are the drill's"] if drill else []
         probe = self.session.preflight.get("probe") or {}
         if probe.get("reused"):
-            return [f"rlk: preflight probe REUSED from {probe['reused']['from']} "
+            return [*top, f"rlk: preflight probe REUSED from {probe['reused']['from']} "
                     "(RLK_REUSE_PROBE), not run for this session"]
         if probe.get("reuse_refused"):
-            return [f"rlk: RLK_REUSE_PROBE not used: {probe['reuse_refused']}"]
-        return []
+            return [*top, f"rlk: RLK_REUSE_PROBE not used: {probe['reuse_refused']}"]
+        return top
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -504,10 +453,21 @@ class MatrixHooks:
 
             total = ms.matrix.performance.processes
             reporter = self.config.pluginmanager.getplugin("terminalreporter")
+            say: Any = None
             if total > 1 and reporter is not None and not self.is_worker:
-                reporter.write_line(f"rlk: measured runs: processes 2-{total} of "
-                                    f"{plural(len(ms.ran), 'run')}, interleaved round by round")
-            run_measured(ms)
+                capman = self.config.pluginmanager.getplugin("capturemanager")
+
+                def _say(line: str) -> None:  # past the test's output capture, as it happens
+                    if capman is None:
+                        reporter.write_line(line)
+                        return
+                    with capman.global_and_fixture_disabled():
+                        reporter.write_line(line)
+
+                say = _say
+                say(f"rlk: measured runs: processes 2-{total} of "
+                    f"{plural(len(ms.ran), 'run')}, interleaved round by round")
+            run_measured(ms, say)
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         verdict = getattr(report, "rlk_verdict", None)
@@ -563,9 +523,10 @@ class MatrixHooks:
             for log in dict.fromkeys(failed_run_log(ms.root, rec) for rec in recs):
                 if log is not None:
                     tr.write_line(f"    run.log: {log}")
-        from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
+        from pytest_rlkernel_matrix.report.attribution import attribute_factors
+        from pytest_rlkernel_matrix.report.perf import attribute_said
 
-        for entry in [*attribute(list(ms.records.values())),
+        for entry in [*attribute_said(list(ms.records.values())),
                       *attribute_factors(list(ms.records.values()))]:
             tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
         for line in _performance_lines(ms):

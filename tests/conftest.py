@@ -42,6 +42,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# scipy (performance.factorial imports scipy.special lazily; tests compare it with scipy.stats)
+# loads C extensions that, imported first inside an in-process `pytester.runpytest`, leave with
+# that session's sys.modules snapshot and fail to load again ("cannot load module more than
+# once per process"): both are imported here, up front.
+import scipy.stats  # noqa: F401
 import torch  # noqa: F401
 
 # pytester's in-process runs restore sys.modules afterwards; numpy and torch cannot be imported

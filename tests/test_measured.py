@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlkernel_matrix.judge.performance.stats import level
-from pytest_rlkernel_matrix.report.attribution import comparisons, family_policy
+from pytest_rlkernel_matrix.report.attribution import comparisons
 from pytest_rlkernel_matrix.report.perf import performance
 from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 
@@ -46,30 +45,30 @@ def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
     report = _report(pytester)
     perf = report["performance"]
     assert perf["processes"] == [3] and perf["family"] == 8  # 2 sides x 4 phases
-    assert perf["family_confidence"] == pytest.approx(1 - 0.05 / 8)
+    assert perf["family_confidence"] == pytest.approx(0.95) and perf["equivalence"] == 0.05
     said = _statements(report, "ffn")
     rollout = said[("rollout", "rollout_wall_time")]
     assert rollout["kind"] == "slower", rollout
     assert rollout["low"] > 1.0 and rollout["low"] <= 1.5 <= rollout["high"], rollout
-    assert rollout["processes"] == [3, 3] and rollout["n"] == [18, 18]
-    assert rollout["text"].startswith("R on the rollout side makes the rollout phase ")
+    # kept steady steps per cell: MSER keeps at least half of each process's 6 measured steps
+    assert rollout["processes"] == [3, 3, 3, 3] and all(9 <= n <= 18 for n in rollout["n"])
+    assert rollout["text"].startswith("R on the rollout side: rollout phase slower, ")
     # The rows without the drill claim nothing beyond noise: no slower/faster anywhere else
     # but the step time the slower rollout phase is part of.
     others = {k: s["kind"] for k, s in said.items()
               if k not in {("rollout", "rollout_wall_time"), ("rollout", "step_wall_time")}}
-    assert set(others.values()) <= {"no difference", "no statement"}, others
-    assert said[("training", "training_wall_time")]["kind"] == "no difference"
-    # The terminal: one line per module with the statement and its interval.
-    line = next(x for x in result.outlines if x.startswith("cpu ffn performance: "))
-    assert f"R on the rollout side: rollout {rollout['ratio']:.2f} [" in line
-    assert f"{level(perf['family_confidence'])} intervals, Bonferroni over 8 comparisons" in line
+    assert set(others.values()) <= {"no difference", "inconclusive"}, others
+    # The terminal: a line per module, then the same sentence per side and phase.
+    at = next(i for i, x in enumerate(result.outlines) if x.startswith("cpu ffn performance "))
+    assert "95% family-wise over 8 statements, closed testing" in result.outlines[at]
+    assert f"  {rollout['text']}" in result.outlines[at + 1:at + 9]
     # The HTML: per module, each cell's phase times with their intervals.
     rr = next(m for m in perf["modules"] if m["module"] == "ffn")["cells"]["R/R"]
     assert rr["rollout_wall_time"]["processes"] == 3
     assert rr["rollout_wall_time"]["low"] <= rr["rollout_wall_time"]["median"] \
         <= rr["rollout_wall_time"]["high"]
     html = next(pytester.path.glob("outputs/rlkernel/*/matrix-report.html")).read_text()
-    assert "Phase times per cell" in html and "R on the rollout side makes the rollout" in html
+    assert "Phase times per cell" in html and rollout["text"] in html.replace("&#177;", "±")
 
     # Interleaved: R/R, P/R, R/P, P/P, then again, and again; each its own directory and run id.
     root = next(pytester.path.glob("outputs/rlkernel/*"))
@@ -90,7 +89,9 @@ def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
 
 def test_under_xdist_each_worker_interleaves_its_own_cells(
         pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
-    make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})
+    # jitter: each process its own timings (identical timings would be one process, refused)
+    make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS,
+                                                       "FAKE_JITTER": "0.02"})
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
                                            "--rlk-processes=2")
     assert result.ret == 0, result.stdout.str()
@@ -117,8 +118,10 @@ def test_one_process_per_cell_says_how_to_get_a_conclusion(
     make_matrix(modules='["ffn"]', extra=QUIET, env={"FAKE_STEP_TIMES": STEPS})
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == 0
-    line = next(x for x in result.outlines if x.startswith("cpu ffn performance: "))
-    assert "one process per cell" in line and "--rlk-processes=3" in line, line
+    text = result.stdout.str()
+    assert "cpu ffn performance (" in text
+    assert "inconclusive, " in text and "one process per cell" in text, text
+    assert "--rlk-processes=3" in text
     root = next(pytester.path.glob("outputs/rlkernel/*"))
     assert not list(root.glob("cpu/*/measured.*"))
     assert "measured" not in _report(pytester)["cells"][0]
@@ -130,7 +133,7 @@ def test_a_measured_run_that_falls_back_is_dropped_with_its_reason(
     are not R's, so they are dropped; the correctness run is judged as before."""
     make_matrix(modules='["attention"]', extra='cases = ["R/R", "P/P"]\n' + QUIET,
                 env={"FAKE_STEP_TIMES": STEPS, "FAKE_MEASURED_SCENARIO": "recorded_fallback",
-                     "FAKE_ONLY_WHEN": "A-RR_F-RR_L-RR"})
+                     "FAKE_ONLY_WHEN": "A-RR_F-RR_L-RR", "FAKE_JITTER": "0.02"})
     result = pytester.runpytest("-p", "no:cacheprovider", "--rlk-processes=2")
     assert result.ret == 0, result.stdout.str()
     cells = {c["case"]: c for c in _report(pytester)["cells"]}
@@ -157,7 +160,11 @@ def test_reanalysis_reads_the_measured_runs_and_the_cache_keys_on_them(
     again = json.loads(reanalyze(root, log=lines.append, progress=False, jobs=1).read_text())
     cells = {c["case"]: c for c in again["cells"]}
     for case in ("R/R", "P/P"):
-        assert cells[case]["measured"]["used"] == 2
+        # the fake prints the same timings in every process: a copy, not a second process
+        assert cells[case]["measured"]["used"] == 1
+        (dup,) = [r for r in cells[case]["measured"]["runs"] if not r["used"]]
+        assert dup["reason"].startswith("duplicate of .: the same step timings"), dup
+        assert cells[case]["measured"]["dropped_runs"] == [f"measured.2: {dup['reason']}"]
         assert cells[case]["phase_spread"] == session[case]["phase_spread"]
     # a measured run's log changes: that cell is read again, and the new times count
     log = root / "cpu" / "logp-pp" / "measured.2" / "run.log"
@@ -167,6 +174,7 @@ def test_reanalysis_reads_the_measured_runs_and_the_cache_keys_on_them(
     assert "cache: cpu/logp-pp: read again: measured.2/run.log changed (sha256)" in lines[0] \
         or any("measured.2/run.log changed" in x for x in lines), lines
     pp = next(c for c in again["cells"] if c["case"] == "P/P")
+    assert pp["measured"]["used"] == 2  # its own timings now: a process of its own
     assert pp["phase_spread"]["step_wall_time"]["processes"][1] == [0.4] * 6
 
 
@@ -207,26 +215,27 @@ def test_statements_name_side_phase_and_size_and_bound_the_null() -> None:
     said = {(s["side"], s["phase"]): s for s in perf["modules"][0]["statements"]}
     assert perf["family"] == comparisons(records) == 6  # no weight-sync times
     slow = said[("rollout", "rollout_wall_time")]
-    assert slow["kind"] == "slower" and slow["low"] > 1 and "50% slower" in slow["text"]
+    assert slow["kind"] == "slower" and slow["low"] > 1
+    assert slow["text"].startswith("R on the rollout side: rollout phase slower, 1.50x [")
     null = said[("training", "training_wall_time")]
-    assert null["kind"] == "no difference" and null["low"] <= 1 <= null["high"]
-    assert null["text"].startswith("R on the training side: no difference measured in the "
-                                   "training phase (1.00 [")
+    assert null["kind"] == "no difference" and 1 / 1.05 <= null["low"] <= 1 <= null["high"] <= 1.05
+    assert null["text"].startswith("R on the training side: training phase: no difference "
+                                   "within ±5% (1.00x [")
 
 
 def test_more_comparisons_widen_every_interval() -> None:
-    """Bonferroni: a small effect clear in one module's 6 comparisons is still reported, but the
-    same cells among 18 comparisons get a wider interval (never a narrower one)."""
+    """Closed testing over the report: the same cells among 18 statements get a wider interval
+    than among 6 (never a narrower one); each statement's level is in the JSON."""
     one = _module("ffn", 1.03)
     many = one + _module("attention", 1.0) + _module("logp", 1.0)
     assert comparisons(many) == 18
-    assert family_policy(one).confidence == pytest.approx(1 - 0.05 / 6)
-    assert family_policy(many).confidence == pytest.approx(1 - 0.05 / 18)
+    assert performance(one)["family"] == 6 and performance(many)["family"] == 18
     a = {(s["side"], s["phase"]): s for s in performance(one)["modules"][0]["statements"]}
     b = {(s["side"], s["phase"]): s for s in performance(many)["modules"][1]["statements"]}
     key = ("rollout", "rollout_wall_time")
     assert b[key]["low"] <= a[key]["low"] and b[key]["high"] >= a[key]["high"]
     assert a[key]["ratio"] == b[key]["ratio"]
+    assert 1 - 0.05 / 6 <= a[key]["level"] < b[key]["level"] <= 1 - 0.05 / 18 + 1e-12
 
 
 def test_contaminated_or_single_process_cells_state_nothing() -> None:
@@ -234,12 +243,24 @@ def test_contaminated_or_single_process_cells_state_nothing() -> None:
     records[2]["performance_usable"] = False
     records[2]["validity"] = {"performance": {"reasons": ["contaminated: a burner"]}}
     said = {(s["side"], s["phase"]): s for s in performance(records)["modules"][0]["statements"]}
-    assert said[("rollout", "rollout_wall_time")]["kind"] == "no statement"
+    assert said[("rollout", "rollout_wall_time")]["kind"] == "not judged"
     single = [dict(r, phase_spread={k: {"steps": v["steps"][:6]} for k, v in
                                     r["phase_spread"].items()}) for r in _module("ffn", 1.5)]
     line = performance(single)["modules"][0]["line"]
-    assert line.startswith("cpu ffn performance: no conclusion: one process per cell")
-    assert "--rlk-processes=3" in line
+    assert line.startswith("cpu ffn performance (")
+    assert "inconclusive, 1.50x: one process per cell" in line and "--rlk-processes=3" in line
+
+
+def test_a_phase_timed_at_zero_is_not_judged_and_the_rest_is() -> None:
+    records = _module("ffn", 1.5)
+    for r in records:
+        zero = [[0.0] * 6 for _ in range(3)]
+        r["phase_spread"]["weight_sync_wall_time"] = {"steps": [0.0] * 18, "processes": zero}
+    said = {(s["side"], s["phase"]): s for s in performance(records)["modules"][0]["statements"]}
+    assert said[("rollout", "weight_sync_wall_time")]["text"] == (
+        "R on the rollout side: weight sync phase not judged (weight sync times not all "
+        "positive)")
+    assert said[("rollout", "rollout_wall_time")]["kind"] == "slower"
 
 
 def test_measured_cells_whose_runs_were_all_dropped_say_why_not_how() -> None:
@@ -306,3 +327,107 @@ def test_a_measured_run_whose_route_changed_or_failed_is_dropped() -> None:
     assert drop_reason(first, rec(timed_out=True)) == "timed out"
     noisy = rec(validity={"performance": {"valid": False, "reasons": ["noise: spread 80%"]}})
     assert drop_reason(first, noisy) == "timings not usable: noise: spread 80%"
+
+
+def test_a_byte_copied_measured_run_is_refused_and_named(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    """A measured-run directory that is a byte copy of the correctness run (same run id, same
+    run.log) is one process, not two: refused with the reason, counted and named as dropped in
+    the record and the report; the module's statements say it."""
+    import shutil
+
+    from pytest_rlkernel_matrix.report.reanalyze import reanalyze
+
+    make_matrix(modules='["logp"]', extra=QUIET,
+                env={"FAKE_STEP_TIMES": STEPS, "FAKE_JITTER": "0.02"})
+    assert pytester.runpytest("-p", "no:cacheprovider", "--rlk-processes=2").ret == 0
+    root = next(pytester.path.glob("outputs/rlkernel/*"))
+    run = root / "cpu" / "logp-rr"
+    shutil.copytree(run, run / "measured.3", ignore=shutil.ignore_patterns("measured.*"))
+    report = json.loads(reanalyze(root, log=lambda _: None, progress=False, jobs=1).read_text())
+    rr = next(c for c in report["cells"] if c["case"] == "R/R")
+    runs = {r["dir"]: r for r in rr["measured"]["runs"]}
+    assert runs["measured.2"]["used"] is True
+    assert runs["measured.3"]["used"] is False
+    assert runs["measured.3"]["reason"].startswith("duplicate of .: the same run id"), runs
+    assert rr["measured"]["used"] == 2 and rr["measured"]["dropped"] == 1
+    assert len(rr["phase_spread"]["step_wall_time"]["processes"]) == 2
+    entry = next(m for m in report["performance"]["modules"] if m["module"] == "logp")
+    assert any(d.startswith("R/R process 3 (measured.3): duplicate of .") for d in
+               entry["dropped"]), entry["dropped"]
+    assert "1 process(es) not counted: R/R process 3 (measured.3): duplicate" in entry["line"]
+
+
+def test_a_drill_report_says_so_at_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rlkernel_matrix.report.html import render_html
+    from pytest_rlkernel_matrix.report.matrix_report import build_report
+
+    records = _module("ffn", 1.5)
+    records[0]["fault_drill"] = {"kind": "slow", "module": "ffn", "side": "rollout",
+                                 "factor": 1.5, "applied": True}
+    monkeypatch.setenv("RLK_REF_FAULT", "slow:ffn:rollout:1.5")
+    report = build_report(records, matrix={"name": "t"}, matrix_root=Path("/nonexistent"),
+                          preflight=None, created="now", expected_cells=4, interrupted=False)
+    assert next(iter(report)) == "schema_version" and list(report)[1] == "drill"
+    text = report["drill"]["text"]
+    assert text.startswith("FAULT DRILL: RLK_REF_FAULT=slow:ffn:rollout:1.5; applied in 1 cell")
+    assert report["performance"]["modules"][0]["line"].startswith(f"[{text}]")
+    html = render_html(report)
+    assert html.index("FAULT DRILL") < html.index("<h1>")
+    monkeypatch.delenv("RLK_REF_FAULT")
+    for r in records:
+        r.pop("fault_drill", None)
+    clean = build_report(records, matrix={"name": "t"}, matrix_root=Path("/nonexistent"),
+                         preflight=None, created="now", expected_cells=4, interrupted=False)
+    assert clean["drill"] is None and "FAULT DRILL" not in render_html(clean)
+
+
+def test_auto_processes_run_a_first_stage_and_find_the_planted_slowdown(
+        pytester: pytest.Pytester, make_matrix: Callable[..., Path]) -> None:
+    """--rlk-processes=auto: stage one (3 processes per cell, interleaved) with progress; the
+    planted rollout slowdown is found; a budget too small for stage two runs none."""
+    make_matrix(modules='["ffn"]', extra=QUIET,
+                env={"FAKE_STEP_TIMES": STEPS, "FAKE_SLOW": "ffn:rollout:1.5",
+                     "FAKE_JITTER": "0.03"})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--rlk-processes=auto",
+                                           "--rlk-perf-budget=0.05")
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "rlk: auto stage 1: process 3 of 3 per cell (4 cells)" in out, out
+    assert "rlk: auto:" in out
+    said = _statements(_report(pytester), "ffn")
+    rollout = said[("rollout", "rollout_wall_time")]
+    assert rollout["kind"] == "slower" and rollout["low"] > 1.0, rollout
+    assert rollout["processes"] == [3, 3, 3, 3]  # 3 s of budget: no stage two
+    assert said[("training", "training_wall_time")]["kind"] in ("no difference", "inconclusive")
+
+
+def test_auto_target_follows_the_plan_within_the_budget() -> None:
+    from pytest_rlkernel_matrix.extra_runs import auto_target
+
+    records = _module("ffn", 1.0)
+    target, said = auto_target(records, 3, round_s=10.0, left_s=1e6)
+    assert len(said) == 6 and target >= 3
+    # what the statements ask for is what stage two runs, cut by the budget
+    assert auto_target(records, 3, round_s=10.0, left_s=25.0)[0] == min(target, 5)
+    assert auto_target(records, 3, round_s=10.0, left_s=0.0)[0] == 3
+
+
+def test_processes_option_takes_a_number_or_auto(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.extra_runs import performance_options
+
+    path = tmp_path / "matrix.toml"
+    path.write_text('[matrix]\nname = "t"\n[runner]\ncommand = "true"\n'
+                    '[hardware.cpu]\nbackend = "cpu"\n')
+    matrix = load_matrix(path)
+    auto = performance_options(matrix, "auto", 7).performance
+    assert auto.auto and auto.processes == 3 and auto.budget == 7
+    assert performance_options(matrix, "4", None).performance.processes == 4
+    for bad in ("0", "many", "65"):
+        with pytest.raises(pytest.UsageError, match="--rlk-processes"):
+            performance_options(matrix, bad, None)
+    with pytest.raises(pytest.UsageError, match="--rlk-perf-budget"):
+        performance_options(matrix, "auto", 0)
+    path.write_text(path.read_text() + "[performance]\nequivalence = 0\n")
+    with pytest.raises(MatrixFileError, match=r"(?s)matrix\.toml: .*performance\.equivalence"):
+        load_matrix(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -215,7 +216,8 @@ def test_slow_drill_shows_in_the_profile_as_ffn_rollout_kernels(tmp_path: Path) 
     # R (drilled) vs P on the rollout side of the ffn row: the statement names ffn's kernels
     recs = [{"hardware": "cpu", "module": "ffn", "case": "R/R", "profile": s["rr-slow"]},
             {"hardware": "cpu", "module": "ffn", "case": "R/P", "profile": s["rp-slow"]}]
-    (line,) = pf.statements(recs)
+    no_pair, line = pf.statements(recs)  # R/R and R/P differ on the rollout side only
+    assert no_pair.startswith("cpu ffn profile, training side: no pair of profiled cells")
     assert line.startswith("cpu ffn profile, rollout phase, R/R vs R/P")
     # (whether R's drilled ffn is slower than P's native one depends on the two kernels' speed)
     assert re.search(r"ffn, rollout side: R [+-]\d+\.\d+ ms/step over P \(.*aten::", line)
@@ -281,55 +283,55 @@ def test_rlk_profile_runs_separate_profile_runs(pytester: pytest.Pytester, tmp_p
     assert "Profile runs (kernel sums for localisation, not step time)" in html
 
 
-# On the CPU tiny preset ffn is about a tenth of the rollout phase and R's ffn kernels take less
-# time than P's (the profile: ~14 vs ~24 ms/step), so `slow:ffn:rollout:1.5` moves the rollout
-# phase by ~4%: below what 3 processes resolve on a shared 2-core box. The drill here makes R's
-# ffn 8 times as long (the phase ~1.5 times), which the statement must name.
-DRILL = "slow:ffn:rollout:8"
+# The documented drill, slow:ffn:rollout:1.5, makes R's ffn kernels 1.5 times as long on the
+# rollout side; on this CPU that moves the rollout phase by a few percent, on a shared 2-core box
+# about the size of the step noise between processes.
+DRILL = "slow:ffn:rollout:1.5"
 
 
 @pytest.mark.slow
 def test_drill_end_to_end_names_ffn_rollout(pytester: pytest.Pytester, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 33's drill on the real reference workload, `--rlk-processes=3 --rlk-profile -k ffn`:
-    the statement names ffn, the rollout side and the rollout phase, with an interval that
-    excludes 1 and holds the ratio of the two cells' measured rollout medians; the training side
-    (no drill) comes nowhere near that ratio; the profile names ffn's rollout kernels as the
-    difference. A box too loaded to resolve it must say so (no statement, with the reason):
-    then the test is an expected failure naming that reason, never a pass."""
+    """The documented drill on the real reference workload with the defaults (no thread pinning,
+    the declared noise gate), `--rlk-processes=auto --rlk-perf-budget=4 --rlk-profile -k ffn`:
+    the report says it is a drill; the rollout side's rollout-phase statement is "slower" with
+    an interval that holds the ratio of the cells' measured rollout times, or, where this box
+    cannot resolve it within the budget, "inconclusive" with how many processes would (or "not
+    judged" with the noise that refused the timings): never "faster". The profile names ffn's
+    rollout kernels."""
     monkeypatch.setenv("RLK_REF_FAULT", DRILL)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    # Other tests run beside this one on the CI box: their CPU use is not this test's point.
-    matrix = tmp_path / "matrix.toml"
-    matrix.write_text((REPO / "matrix.toml").read_text(encoding="utf-8")
-                      + "\n[performance]\nmax_foreign_cpu = 1.0\nmax_relative_spread = 2.0\n",
-                      encoding="utf-8")
     root = tmp_path / "root"
-    result = pytester.runpytest(f"--rlk-matrix={matrix}", f"--rlk-matrix-root={root}",
-                                "--rlk-processes=3", "--rlk-profile", "-p", "no:cacheprovider",
-                                "-k", "ffn")
+    result = pytester.runpytest(f"--rlk-matrix={REPO / 'matrix.toml'}",
+                                f"--rlk-matrix-root={root}", "--rlk-processes=auto",
+                                "--rlk-perf-budget=4", "--rlk-profile", "-p",
+                                "no:cacheprovider", "-k", "ffn")
     assert result.ret == 0, result.stdout.str()
     out = result.stdout.str()
-    assert "ffn, rollout side: R +" in out  # the profile: ffn's rollout kernels cost the time
-    assert "kernel sums for localisation, not step time" in out
+    assert f"rlk: FAULT DRILL RLK_REF_FAULT={DRILL}" in out
+    assert "rlk: auto stage 1: process 3 of 3 per cell" in out
+    assert "ffn, rollout side: R " in out  # the profile: ffn's rollout kernels
     report = json.loads((root / "matrix-report.json").read_text())
+    assert report["drill"]["env"] == DRILL
     entry = next(m for m in report["performance"]["modules"] if m["module"] == "ffn")
+    assert entry["line"].startswith("[FAULT DRILL: ")
     said = {(s["side"], s["phase"]): s for s in entry["statements"]}
     rollout = said[("rollout", "rollout_wall_time")]
-    # The drilled phase stands out: no other side and phase comes near its ratio (real
-    # differences elsewhere may be stated: R's ffn backward is slower than P's on CPU).
-    others = [x["ratio"] for k, x in said.items() if x.get("ratio") and k[0] == "training"]
-    assert all(r < rollout["ratio"] for r in others), said
-    if rollout["kind"] == "no statement":
-        assert rollout["reasons"], rollout
-        pytest.xfail(f"the box could not resolve the drill: {rollout['reasons'][0][:200]}")
-    assert rollout["kind"] == "slower" and rollout["low"] > 1.0, rollout
-    cells = entry["cells"]
-    really = cells["R/R"]["rollout_wall_time"]["median"] / cells["R/P"]["rollout_wall_time"][
-        "median"]
-    assert rollout["low"] <= really <= rollout["high"], (really, rollout)
-    assert "cpu ffn performance: " in out and "R on the rollout side makes the rollout" in (
-        root / "matrix-report.html").read_text()
+    assert rollout["kind"] != "faster", rollout
+    if rollout["kind"] == "slower":
+        assert rollout["low"] > 1.0
+        cells = entry["cells"]
+        really = math.sqrt(cells["R/R"]["rollout_wall_time"]["median"]
+                           * cells["P/R"]["rollout_wall_time"]["median"]
+                           / cells["R/P"]["rollout_wall_time"]["median"]
+                           / cells["P/P"]["rollout_wall_time"]["median"])
+        assert rollout["low"] <= really <= rollout["high"], (really, rollout)
+    elif rollout["kind"] == "inconclusive":
+        assert rollout["resolve"] or rollout["why"], rollout
+        pytest.xfail(f"this box did not resolve the drill within the budget: {rollout['text']}")
+    elif rollout["kind"] == "not judged":
+        pytest.xfail(f"this box's timings were refused: {rollout['text']}")
+    else:  # "no difference within ±5%": true when the drill moves the phase by less than 5%
+        assert rollout["high"] <= 1.05, rollout
 
 
 def test_table_and_html_show_the_unattributed_share() -> None:
@@ -417,9 +419,10 @@ def test_profile_lines_name_kernels_short() -> None:
     assert len(short_kernel("k" * 200)) == 60
 
 
-def test_profile_cells_choose_the_runs_and_pp_stands_in(tmp_path: Path) -> None:
-    """`[profile] cells`: only the chosen cells get a profile run (R/R and P/P: two runs for
-    both sides); a side whose single-P cell has no profile is compared against P/P."""
+def test_profile_cells_choose_runs_and_compare_cells_differing_in_one_side(
+        tmp_path: Path) -> None:
+    """`[profile] cells`: only the chosen cells get a profile run; a side is compared only
+    between two profiled cells that differ on that side alone."""
     from pytest_rlkernel_matrix.spec.matrix import MatrixFileError, load_matrix
 
     base = (REPO / "matrix.toml").read_text(encoding="utf-8")
@@ -441,12 +444,26 @@ def test_profile_cells_choose_the_runs_and_pp_stands_in(tmp_path: Path) -> None:
         return {"unit": "GPU kernel time", "buckets": {side: {side: {"ffn": {
             "ms_per_step": ms, "calls_per_step": 1.0, "top": [{"name": "k", "ms_per_step": ms}],
             "kernels": {"k": ms}}}} for side, ms in side_ms.items()}}
-    recs = [{"hardware": "h", "module": "ffn", "case": "R/R",
+    recs = [{"hardware": "h", "module": "ffn", "case": "R/R", "rollout_wall_time": 1.2,
              "profile": prof({"training": 2.0, "rollout": 3.0})},
             {"hardware": "h", "module": "ffn", "case": "P/P",
              "profile": prof({"training": 1.5, "rollout": 3.5})}]
+    # R/R and P/P differ on both sides: no side's difference is read from them (issue 43)
     lines = pf.statements(recs)
-    assert [x.split(" (")[0] for x in lines] == ["h ffn profile, training phase, R/R vs P/P",
-                                                 "h ffn profile, rollout phase, R/R vs P/P"]
-    assert "ffn, training side: R +0.50 ms/step over P" in lines[0]
-    assert "ffn, rollout side: R -0.50 ms/step over P" in lines[1]
+    assert lines == [
+        "h ffn profile, training side: no pair of profiled cells differs only on the training "
+        "side (profiled: P/P, R/R; profile R/R and P/R or R/P and P/P)",
+        "h ffn profile, rollout side: no pair of profiled cells differs only on the rollout "
+        "side (profiled: P/P, R/R; profile R/R and R/P or P/R and P/P)"]
+    # R/P profiled too: the rollout side from R/R vs R/P, the training side from R/P vs P/P,
+    # each beside the measured phase difference of the same two cells
+    recs.append({"hardware": "h", "module": "ffn", "case": "R/P", "rollout_wall_time": 1.0,
+                 "profile": prof({"training": 2.5, "rollout": 2.0})})
+    lines = pf.statements(recs)
+    assert [x.split(" (")[0] for x in lines] == ["h ffn profile, training phase, R/P vs P/P",
+                                                 "h ffn profile, rollout phase, R/R vs R/P"]
+    assert "ffn, training side: R +1.00 ms/step over P" in lines[0]
+    assert "ffn, rollout side: R +1.00 ms/step over P" in lines[1]
+    assert lines[1].endswith("; measured rollout phase R/R / R/P 1.20x (the cells' medians; the "
+                             "performance statements judge it)")
+    assert "measured training phase: not timed in both cells" in lines[0]

@@ -320,14 +320,19 @@ def baseline_suspects(records: Sequence[Mapping[str, Any]], hardware: str) -> li
     return out
 
 
-def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (hardware, module) that has its 2x2 cells in the report."""
+def attribute(records: Sequence[Mapping[str, Any]],
+              statements: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]] | None = None,
+              ) -> list[dict[str, Any]]:
+    """One entry per (hardware, module) that has its 2x2 cells in the report; `statements`:
+    the report's performance sentences per (hardware, module) (`report.perf.attribute_said`),
+    which the conclusion then says instead of the two-cell ratios."""
     by_key: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
     for rec in records:
         if rec.get("module") in MODULES and rec.get("case") in CELLS:
             by_key.setdefault((str(rec["hardware"]), str(rec["module"])), {})[rec["case"]] = rec
     out: list[dict[str, Any]] = []
     policy = family_policy(records)
+    statements = statements or {}
     for (hardware, module), cells in sorted(by_key.items(),
                                             key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))):
         entry: dict[str, Any] = {"hardware": hardware, "module": module, "refused": []}
@@ -364,6 +369,13 @@ def attribute(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         timing, refused, ratios = _time_conclusion(cells, policy)
         entry["refused"].extend(refused)
         entry["timing"] = ratios
+        said = statements.get((hardware, module))
+        if said and not timing.startswith("no performance conclusion"):
+            # the report's own sentences (report/perf.py): one answer, said one way; cells
+            # without a run or on nodes that differ keep the refusal above
+            entry["statements"] = said
+            timing = "; ".join(s["text"] for s in said if s["phase"] in (
+                "step_wall_time", f"{s['side']}_wall_time"))
         entry["conclusion"] = f"{module}: {drift}; {timing}"
         note = unattributed_note(cells)  # the step share in no phase, above its limit
         if note:

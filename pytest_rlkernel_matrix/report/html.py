@@ -123,7 +123,9 @@ def _header(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> Vi
             ("cells", f"{len(cells)} of {_fmt(report.get('expected_cells'))}"),
             ("matrix file", matrix.get("file")), ("matrix root", report.get("matrix_root")),
             ("schema", report.get("schema_version"))]
-    return {"name": str(matrix.get("name") or "matrix"), "state": state[0],
+    drill = _map(report.get("drill"))
+    return {"drill": str(drill.get("text")) if drill else None,
+            "name": str(matrix.get("name") or "matrix"), "state": state[0],
             "state_cls": state[1], "badges": badges, "drift_badges": drift_badges,
             "timing_badges": timing_badges,
             "meta": [(k, _fmt(v)) for k, v in meta if v is not None]}
@@ -298,10 +300,11 @@ def _performance(report: Mapping[str, Any]) -> View | None:
                                            rows),
                       "phases": _table(("cell", "rollout", "training", "weight sync", "step"),
                                        prow)})
-    intro = (f"Every ratio reads {perf.get('direction')}. Intervals: {perf.get('method')} "
-             f"(family of {perf.get('family')} comparisons, each at "
-             f"{100 * float(perf.get('family_confidence') or 0):.4g}%). Phase times per cell: "
-             f"{perf.get('cell_interval')}.")
+    intro = (f"Every ratio reads {perf.get('direction')}. Statements: {perf.get('method')} "
+             f"({perf.get('family')} statements, "
+             f"{100 * float(perf.get('family_confidence') or 0):.4g}% family-wise; no "
+             f"difference means within ±{100 * float(perf.get('equivalence') or 0):.3g}%). "
+             f"Phase times per cell: {perf.get('cell_interval')}.")
     return {"intro": intro, "modules": views}
 
 

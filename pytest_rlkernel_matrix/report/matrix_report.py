@@ -132,12 +132,14 @@ def attributions(ordered: Sequence[Mapping[str, Any]],
                 "attribution", "factor_attribution", "performance"} <= entry.keys():
             return entry["attribution"], entry["factor_attribution"], entry["performance"]
     from pytest_rlkernel_matrix.report.attribution import attribute, attribute_factors
-    from pytest_rlkernel_matrix.report.perf import performance
+    from pytest_rlkernel_matrix.report.perf import performance, said_by_module
 
     # JSON values either way, so a memo hit and a fresh computation are the same objects
-    out = json.loads(json.dumps(json_safe({"attribution": attribute(ordered),
+    perf = performance(ordered)  # its sentences are the attribution's timing conclusions
+    out = json.loads(json.dumps(json_safe({"attribution": attribute(ordered,
+                                                                    said_by_module(perf)),
                                            "factor_attribution": attribute_factors(ordered),
-                                           "performance": performance(ordered)})))
+                                           "performance": perf})))
     if memo is not None:
         with suppress(OSError):  # a read-only root just gets no memo
             write_json_atomic(memo / MEMO_FILE, {"key": key, **out})
@@ -155,10 +157,16 @@ def build_report(
     interrupted: bool,
     memo: Path | None = None,
 ) -> dict[str, Any]:
+    import os
+
+    from pytest_rlkernel_matrix.report.drill import drill_of
+
     ordered = sorted(records, key=lambda r: (r["hardware"], cell_order(r)))
     attribution, factor_attribution, perf = attributions(ordered, memo)
     return {
         "schema_version": REPORT_SCHEMA,
+        # a fault drill's report says so first (report/drill.py); None: no drill
+        "drill": drill_of(ordered, os.environ),
         "created": created,
         "matrix": dict(matrix),
         "matrix_root": str(matrix_root),

@@ -12,7 +12,9 @@ other cells'). The cell's record is the correctness run's, judged as ever; this 
 
 A measured run counts only when it exited 0 (no timeout, no interruption), its analysis found no
 fallback, the route of every module and side (implementation and backend ids) is the correctness
-run's, and its own performance judgement holds (phase times present, enough steps, spread within
+run's, it is a process of its own (`duplicate_reason`: no other counted run of the cell has its
+run id, its run.log bytes or its step timings: a byte copy of a run is one process, not two),
+and its own performance judgement holds (phase times present, enough steps, spread within
 `[performance]`'s limits, no measured contamination). The correctness run's timings count as
 process 1 on the same terms. A record of a run that is not `valid` gets no measured runs.
 """
@@ -27,9 +29,11 @@ from typing import Any
 MEASURED_PREFIX = "measured."
 ROLE_VAR = "RLK_MATRIX_RUN_ROLE"  # "measured" in a measured run's environment
 PROCESS_VAR = "RLK_MATRIX_PROCESS"  # its process number, 2..N
-PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time", "step_wall_time")
+PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time",
+          "unattributed_wall_time", "step_wall_time")
 # What a record's measured runs change (the controller copies these at session end).
-FIELDS = (*PHASES, "phase_spread", "measured", "performance_usable", "validity")
+FIELDS = (*PHASES, "unattributed_share", "phase_spread", "measured", "performance_usable",
+          "validity")
 _DIR = re.compile(r"^measured\.(\d+)$")
 
 
@@ -91,6 +95,35 @@ def drop_reason(first: Mapping[str, Any], other: Mapping[str, Any]) -> str | Non
     return None
 
 
+def fingerprint(record: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    """What makes a run a process of its own: its run id, the sha256 of its run.log and its
+    step timings (every phase's measured steps, in order)."""
+    import hashlib
+
+    log = run_dir / "run.log"
+    try:
+        digest: str | None = hashlib.sha256(log.read_bytes()).hexdigest()
+    except OSError:
+        digest = None
+    timings = tuple(tuple(_steps(record, p)) for p in PHASES)
+    return {"run_id": record.get("run_id"), "log": digest,
+            "timings": timings if any(timings) else None}
+
+
+def duplicate_reason(mine: Mapping[str, Any],
+                     seen: list[tuple[str, Mapping[str, Any]]]) -> str | None:
+    """Why a run whose `fingerprint` is `mine` duplicates one of `seen` ((dir, fingerprint) of
+    the cell's runs already counted); None: it is a process of its own."""
+    for where, other in seen:
+        for key, what in (("run_id", "run id"), ("log", "run.log bytes"),
+                          ("timings", "step timings")):
+            if mine.get(key) is not None and mine.get(key) == other.get(key):
+                return (f"duplicate of {where}: the same {what}"
+                        + (f" ({mine['run_id']})" if key == "run_id" else "")
+                        + "; a copy of a run is not another process")
+    return None
+
+
 def _own_reason(record: Mapping[str, Any]) -> str | None:
     perf = (record.get("validity") or {}).get("performance") or {}
     if record.get("verdict") != "valid":
@@ -127,10 +160,15 @@ def attach(record: dict[str, Any], run_dir: Path,
         for phase in PHASES:
             if _steps(record, phase):
                 groups[phase].append(_steps(record, phase))
+    seen: list[tuple[str, Mapping[str, Any]]] = [(".", fingerprint(record, run_dir))]
     for k, d in found:
         other = analyze(d)
         why = drop_reason(record, other) if record.get("verdict") == "valid" else (
             f"the correctness run is {record.get('verdict')}")
+        mine = fingerprint(other, d)
+        why = why or duplicate_reason(mine, seen)
+        if why is None:
+            seen.append((d.name, mine))
         runs.append({"process": k, "dir": d.name, "role": "measured", "used": why is None,
                      "reason": why, "run_id": other.get("run_id"),
                      "window": other.get("window"),
@@ -153,7 +191,9 @@ def attach(record: dict[str, Any], run_dir: Path,
     elif 1 + len(found) < wanted:
         notes.append(f"{1 + len(found)} of {wanted} processes ran (the session stopped early, "
                      "or a measured run's directory already existed)")
+    dropped_runs = [f"{r['dir']}: {r['reason']}" for r in runs if not r["used"]]
     record["measured"] = {"requested": wanted, "ran": 1 + len(found), "used": used,
+                          "dropped": len(dropped_runs), "dropped_runs": dropped_runs,
                           "runs": runs, "notes": notes}
     spread = dict(record.get("phase_spread") or {})
     for phase, procs in groups.items():
@@ -163,6 +203,10 @@ def attach(record: dict[str, Any], run_dir: Path,
         spread[phase] = {**summary(pooled), "steps": pooled, "processes": procs}
         record[phase] = spread[phase]["median"]
     record["phase_spread"] = spread
+    # the step time in no phase, from every counted process like the phases (accounting.py)
+    u, step = record.get("unattributed_wall_time"), record.get("step_wall_time")
+    if isinstance(u, (int, float)) and isinstance(step, (int, float)) and step > 0:
+        record["unattributed_share"] = float(u) / float(step)
     usable = record.get("verdict") == "valid" and used > 0
     validity = dict(record.get("validity") or {})
     perf = dict(validity.get("performance") or {})

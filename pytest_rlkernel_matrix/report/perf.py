@@ -1,57 +1,75 @@
 """Performance statements: which side's R makes which phase slower or faster, by how much.
 
-Per hardware and module with its four cells, per side and phase: the time ratio of the phase
-with R on that side over with P on it (R/R over P/R for the training side, R/R over R/P for the
-rollout side; below 1: R takes less time), with its hierarchical-bootstrap interval (processes,
-then steps; `judge.stats`). One statement per comparison:
+Per hardware and module with its four cells, per side and phase, one statement from the 2x2
+factorial on log time (`judge.performance.factorial`: the process is the unit of replication, each
+process's steady-state steps give it one location, `judge.performance.steady`): the side's
+main effect,
+time with R on that side over time with P on it (below 1: R takes less time), with a t interval.
+Every statement of the report is judged together (closed testing: the chance that any of them
+is false is at most 1 - confidence). Exactly three answers:
 
-- **slower / faster**: the rule of `judge.stats` holds (enough steps and processes, spread within
-  the limit, usable timings) and the interval excludes 1: "R on the rollout side makes the
-  rollout phase 48% slower (1.48 [1.41, 1.56])";
-- **no difference measured**: the rule holds and the interval includes 1; the interval bounds
-  the effect ("no difference measured (1.01 [0.97, 1.05])"): a bounded null result;
-- **no statement**: anything else, with the reason (one process per cell, too few steps or
-  processes, spread, contaminated or otherwise unusable timings); the figure without interval.
+- **slower / faster** when the interval excludes 1:
+  "R on the rollout side: rollout phase slower, 1.17x [1.08, 1.27]";
+- **no difference within +-m** when the whole interval lies inside [1/(1+m), 1+m]
+  (``[performance] equivalence``, default 5%);
+- **inconclusive** otherwise, with about how many processes x steps per cell would resolve +-m
+  (`factorial.plan`, from the measured variance components and the measured cost of a process
+  and of a step).
 
-Multiple comparisons: every comparison of the report is one of a family of m
-(`attribution.comparisons`), and every interval is taken at level 1 - (1 - confidence) / m
-(Bonferroni, `attribution.family_policy`), so the chance that *any* slower/faster statement of
-the report is false stays at most 1 - confidence whatever the comparisons' dependence. The
-terminal gets one line per module (`module_lines`); the HTML the phase times of each cell with
-their intervals (`cell_phases`, at the declared level: descriptive, not a comparison).
+A comparison whose cells' timings are not usable (contaminated, noisy, fell back, a cell not
+run) is **not judged**, with the reason: it compared nothing (fail closed), so it is no answer.
+The same sentence is the terminal's line, the JSON's ``text`` and the HTML's row.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_rlkernel_matrix.judge.performance.stats import (
-    DIRECTION,
-    ONE_PROCESS,
-    bounds,
-    level,
-    median_interval,
-)
-from pytest_rlkernel_matrix.report.attribution import (
+import numpy as np
+
+from pytest_rlkernel_matrix.judge.performance.factorial import (
     CELLS,
+    EQUIVALENT,
+    FASTER,
+    INCONCLUSIVE,
+    SLOWER,
+    Answer,
+    Fit,
+    decide,
+    fit,
+    margin_bounds,
+    plan,
+)
+from pytest_rlkernel_matrix.judge.performance.stats import DIRECTION, bounds, level
+from pytest_rlkernel_matrix.report.attribution import (
     COMPARED_PHASES,
     MODULES,
-    SIDES,
-    comparisons,
-    family_policy,
+    attribute,
     policy_of,
     process_steps,
-    timing_ratio,
 )
 
 PHASES = COMPARED_PHASES  # rollout, training, weight sync, step
-HOW = ("for an interval run several processes per cell: --rlk-processes=3 "
-       "(or [performance] processes = 3 in matrix.toml)")
+SIDES = ("training", "rollout")
+NOT_JUDGED = "not judged"
+HOW = ("run several processes per cell: --rlk-processes=3 (or [performance] processes = 3 in "
+       "matrix.toml), or --rlk-processes=auto")
+METHOD = ("2x2 factorial on log time per module and phase (the process the unit of "
+          "replication: per process the 20% trimmed mean of its steady-state steps, warm-up "
+          "dropped by MSER); main effect of each side with a Student t interval, variance pooled "
+          "over the cells unless Bartlett's test rejects equal variances (then "
+          "Welch-Satterthwaite); closed testing (Holm's principle, Bonferroni local tests) over "
+          "every statement of the report")
 
 
 def _phase(name: str) -> str:
     return name.removesuffix("_wall_time").replace("_", " ")
+
+
+def _subject(phase: str) -> str:
+    return "step time" if phase == "step_wall_time" else f"{_phase(phase)} phase"
 
 
 def _groups(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str],
@@ -64,122 +82,198 @@ def _groups(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str],
     return dict(sorted(by_key.items(), key=lambda kv: (kv[0][0], MODULES.index(kv[0][1]))))
 
 
-def statement(ratio: Any, side: str, phase: str, measured: bool = False) -> dict[str, Any]:
-    """One comparison's statement from its `stats.Ratio` (at the family's level); `measured`:
-    the cells ran several processes, so "one process per cell" is not why (dropped ones are)."""
-    what = "phase" if phase != "step_wall_time" else "time"
-    subject = f"the {_phase(phase)} {what}" if phase != "step_wall_time" else "the step time"
-    out: dict[str, Any] = {"side": side, "phase": phase, "ratio": ratio.ratio, "low": ratio.low,
-                           "why": None,
-                           "high": ratio.high, "confidence": ratio.confidence,
-                           "processes": list(ratio.processes), "n": list(ratio.n),
-                           "reasons": list(ratio.reasons)}
-    figures = ratio.figures()
-    interval_only = (ratio.low is not None and len(ratio.reasons) == 1
-                     and ratio.reasons[0].endswith("interval includes 1"))
-    if ratio.conclusive and ratio.ratio is not None:
-        pct = abs(ratio.ratio - 1.0) * 100.0
-        out["kind"] = ratio.conclusion
-        out["text"] = (f"R on the {side} side makes {subject} {pct:.0f}% {ratio.conclusion} "
-                       f"({figures})")
-    elif interval_only:
-        out["kind"] = "no difference"
-        out["text"] = f"R on the {side} side: no difference measured in {subject} ({figures})"
-    else:
-        one = ONE_PROCESS.removeprefix("no conclusion: ")
-        why = next((r for r in ratio.reasons if not (measured and r == one)),
-                   ratio.reasons[0] if ratio.reasons else ratio.conclusion)
-        out["kind"] = "no statement"
-        out["why"] = why
-        out["text"] = f"R on the {side} side, {subject}: no statement ({why}; {figures})"
-    return out
+def _unusable(cells: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why the module's timings support no statement (None: they may)."""
+    for case in CELLS:
+        c = cells[case]
+        if not c.get("performance_usable"):
+            why = (c.get("validity") or {}).get("performance", {}).get("reasons") or [
+                f"verdict {c.get('verdict')}"]
+            return f"{case} timings not usable: {why[0]}"
+    prints = {(c.get("hardware_fingerprint"), c.get("build_fingerprint")) for c in cells.values()}
+    if len(prints) > 1:
+        return "the cells ran under different hardware/build fingerprints"
+    return None
 
 
-def _short(s: Mapping[str, Any]) -> str:
-    """'rollout 1.48 [1.41, 1.56] slower' for the module line."""
-    name = _phase(s["phase"])
-    if s["ratio"] is None:
-        return f"{name} -"
-    ci = "" if s["low"] is None else f" {bounds(s['low'], s['high'])}"
-    word = {"slower": "slower", "faster": "faster", "no difference": "no difference"}.get(
-        s["kind"], "")
-    return f"{name} {s['ratio']:.2f}{ci}" + (f" {word}" if word else "")
+def _costs(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(a process's fixed seconds, a steady step's seconds), measured: the step from the
+    cells' median steps, the fixed part from the measured runs' process wall times."""
+    steps = [float(c["step_wall_time"]) for c in cells.values()
+             if isinstance(c.get("step_wall_time"), (int, float)) and c["step_wall_time"] > 0]
+    if not steps:
+        return None
+    step = float(np.median(steps))
+    fixed = []
+    for c in cells.values():
+        n = sum(len(g) for g in process_steps(c, "step_wall_time")) / max(
+            1, len(process_steps(c, "step_wall_time")))
+        for run in (c.get("measured") or {}).get("runs") or []:
+            wall = run.get("process_wall_s")
+            if isinstance(wall, (int, float)) and wall > 0:
+                fixed.append(max(0.0, float(wall) - n * step))
+    return (float(np.median(fixed)) if fixed else 10.0 * step, step)
 
 
-def module_line(hardware: str, module: str, stmts: Sequence[Mapping[str, Any]],
-                confidence: float, family: int, measured: bool = False) -> str:
-    """The terminal's one line for a module: per side its statements (or why there is none)."""
-    if not measured and stmts and all(
-            ONE_PROCESS.removeprefix("no conclusion: ") in (s["reasons"] or [""])[0]
-            for s in stmts):
-        return f"{hardware} {module} performance: {ONE_PROCESS}; {HOW}"
-    parts = []
-    for side, _, own in SIDES:
-        mine = [s for s in stmts if s["side"] == side]
-        said = [s for s in mine if s["kind"] in ("slower", "faster")]
-        null = [s for s in mine if s["kind"] == "no difference" and (
-            s["phase"] == own or (s["phase"] == "step_wall_time" and not said))]
-        if said or null:
-            parts.append(f"R on the {side} side: " + ", ".join(_short(s) for s in said + null))
-        else:
-            first = next((s for s in mine if s["phase"] == own), mine[0] if mine else None)
-            why = ((first.get("why") or (first["reasons"] or ["no timings"])[0]) if first
-                   else "no timings")
-            parts.append(f"R on the {side} side: no statement ({why})")
-    return (f"{hardware} {module} performance: " + "; ".join(parts)
-            + f" ({DIRECTION}; {level(confidence)} intervals, Bonferroni over {family} "
-              "comparisons)")
+def sentence(side: str, phase: str, kind: str, ratio: float | None, low: float | None,
+             high: float | None, margin: float, resolve: tuple[int, int] | None = None,
+             why: str | None = None) -> str:
+    """The one sentence of a statement, everywhere it is shown."""
+    head = f"R on the {side} side: {_subject(phase)}"
+    fig = "" if ratio is None else f"{ratio:.2f}x" + (
+        "" if low is None or high is None else f" {bounds(low, high)}")
+    if kind in (SLOWER, FASTER):
+        return f"{head} {kind}, {fig}"
+    if kind == EQUIVALENT:
+        return f"{head}: no difference within ±{margin:.0%} ({fig})"
+    if kind == NOT_JUDGED:
+        return f"{head} not judged ({why})"
+    what = (f"about {resolve[0]} processes x {resolve[1]} steps per cell would resolve "
+            f"±{margin:.0%}" if resolve else (why or f"more processes would resolve ±{margin:.0%}"))
+    return f"{head} inconclusive" + (f", {fig}" if fig else "") + f": {what}"
 
 
-def cell_phases(record: Mapping[str, Any], confidence: float) -> dict[str, Any]:
-    """Per phase: median, its interval (two or more processes), steps and processes."""
-    out: dict[str, Any] = {}
-    for phase in PHASES:
-        groups = process_steps(record, phase)
-        if not groups:
-            continue
-        med, low, high = median_interval(groups, confidence)
-        out[phase] = {"median": med, "low": low, "high": high,
-                      "n": sum(len(g) for g in groups), "processes": len(groups)}
-    return out
+def _cell_phases(f: Fit, phase: str, out: dict[str, dict[str, Any]], confidence: float) -> None:
+    """Each cell's steady location of `phase` (seconds) with a t interval over its processes
+    (descriptive, at the declared level) and which steps of each process counted."""
+    from pytest_rlkernel_matrix.judge.performance.factorial import t_quantile
+
+    for case, cell in f.cells.items():
+        y = cell.y
+        entry: dict[str, Any] = {"median": math.exp(float(y.mean())), "low": None, "high": None,
+                                 "n": int(sum(p.n for p in cell.processes)),
+                                 "processes": cell.n,
+                                 "steady": [{"first_kept": p.first, "kept": p.n,
+                                             "measured": p.total} for p in cell.processes]}
+        if cell.n > 1:
+            half = float(t_quantile(0.5 + confidence / 2, cell.n - 1)) * float(
+                np.std(y, ddof=1)) / math.sqrt(cell.n)
+            entry["low"], entry["high"] = (math.exp(float(y.mean()) - half),
+                                           math.exp(float(y.mean()) + half))
+        out.setdefault(case, {})[phase] = entry
 
 
 def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The report's `performance` section: the family, every statement, a line per module and
-    each cell's phase times with their intervals."""
-    family = comparisons(records)
-    policy = family_policy(records)
+    """The report's `performance` section: every statement, a line per module and each cell's
+    phase times (steady locations with their intervals)."""
     declared = policy_of(records)
+    margin = float(getattr(declared, "equivalence", 0.05))
     modules: list[dict[str, Any]] = []
+    answers: list[tuple[dict[str, Any], Answer, Fit, tuple[float, float] | None]] = []
     for (hardware, module), cells in _groups(records).items():
-        entry: dict[str, Any] = {"hardware": hardware, "module": module, "statements": []}
-        if all(c in cells for c in CELLS):
-            rr = cells["R/R"]
-            # several processes asked for: dropped ones, not "one process per cell", say why
-            measured = all(int((c.get("measured") or {}).get("requested") or 1) > 1
-                           for c in cells.values())
-            for side, case, _ in SIDES:
-                for phase in PHASES:
-                    if process_steps(rr, phase) and process_steps(cells[case], phase):
-                        label = f"{_phase(phase)} time R/R / {case}"
-                        ratio = timing_ratio(rr, cells[case], phase, label, policy)
-                        entry["statements"].append(statement(ratio, side, phase, measured))
-            entry["line"] = module_line(hardware, module, entry["statements"],
-                                        policy.confidence, family, measured)
-        else:
-            missing = ", ".join(c for c in CELLS if c not in cells)
-            entry["line"] = (f"{hardware} {module} performance: no statement (cells not in "
-                             f"this run: {missing})")
-        entry["cells"] = {case: cell_phases(rec, declared.confidence)
-                          for case, rec in cells.items()}
+        entry: dict[str, Any] = {"hardware": hardware, "module": module, "statements": [],
+                                 "cells": {}}
         modules.append(entry)
-    processes = sorted({int((r.get("performance_policy") or {}).get("processes") or 1)
-                        for r in records})
-    return {"direction": DIRECTION, "family": family, "confidence": declared.confidence,
-            "family_confidence": policy.confidence, "processes": processes,
-            "method": ("hierarchical percentile bootstrap (processes, then steps) of the ratio "
-                       "of medians; Bonferroni: each of the family's intervals at level "
-                       "1 - (1 - confidence) / family"),
-            "cell_interval": (f"median of each phase with its {level(declared.confidence)} "
-                              "hierarchical-bootstrap interval (two or more processes)"),
+        missing = [c for c in CELLS if c not in cells]
+        if missing:
+            entry["line"] = (f"{hardware} {module} performance: not judged (cells not in this "
+                             f"run: {', '.join(missing)})")
+            continue
+        refused = _unusable(cells)
+        costs = _costs(cells)
+        # measured runs that did not count, named (report/measured.py says why)
+        entry["dropped"] = [f"{case} process {r.get('process')} ({r.get('dir')}): "
+                            f"{r.get('reason')}" for case in CELLS
+                            for r in (cells[case].get("measured") or {}).get("runs") or []
+                            if not r.get("used")]
+        for phase in PHASES:
+            groups = {c: process_steps(cells[c], phase) for c in CELLS}
+            if not all(groups.values()):
+                continue
+            if any(v <= 0 or v != v for g in groups.values() for x in g for v in x):
+                # a phase timed at 0 s (a job without weight sync) has no ratio on log time
+                for side in SIDES:
+                    entry["statements"].append({
+                        "side": side, "phase": phase, "kind": NOT_JUDGED, "ratio": None,
+                        "low": None, "high": None, "resolve": None,
+                        "why": f"{_phase(phase)} times not all positive"})
+                continue
+            f = fit(groups)
+            _cell_phases(f, phase, entry["cells"], declared.confidence)
+            inter = f.effects["interaction"]
+            for side in SIDES:
+                s: dict[str, Any] = {"side": side, "phase": phase,
+                                     "processes": [f.cells[c].n for c in CELLS],
+                                     "n": [int(sum(p.n for p in f.cells[c].processes))
+                                           for c in CELLS],
+                                     "ratio": f.effects[side].ratio, "low": None, "high": None,
+                                     "pooled_variance": f.pooled, "bartlett_p": f.bartlett_p,
+                                     "df": f.effects[side].df,
+                                     "interaction": inter.ratio,
+                                     "variance": {"between_process_log": f.between_var,
+                                                  "within_process_log": f.within_var,
+                                                  "steps_per_process": f.steps},
+                                     "why": None, "resolve": None}
+                entry["statements"].append(s)
+                if refused:
+                    s.update(kind=NOT_JUDGED, why=refused)
+                elif f.effects[side].se is None:
+                    s.update(kind=INCONCLUSIVE, why=f"one process per cell: the variation "
+                             f"between processes is not measured; {HOW}")
+                else:
+                    answers.append((s, Answer((hardware, module, side, phase), f.effects[side]),
+                                    f, costs))
+    decide([a for _, a, _, _ in answers], declared.confidence, margin)
+    for s, a, f, costs in answers:
+        s.update(kind=a.kind, low=a.low, high=a.high, level=1.0 - a.alpha)
+        if a.kind == INCONCLUSIVE:
+            resolve = plan(f, str(s["side"]), a.alpha, margin, costs)
+            s["resolve"] = None if resolve is None else {"processes": resolve[0],
+                                                         "steps": resolve[1]}
+            if resolve is None:
+                s["why"] = (f"more than {64} processes per cell would be needed for ±"
+                            f"{margin:.0%} at this noise")
+    for entry in modules:
+        for s in entry["statements"]:
+            r = s.get("resolve")
+            s["text"] = sentence(s["side"], s["phase"], s["kind"], s["ratio"], s["low"],
+                                 s["high"], margin,
+                                 None if not r else (r["processes"], r["steps"]), s["why"])
+        if "line" not in entry:
+            entry["line"] = module_line(entry, margin, len(answers), declared.confidence)
+    import os
+
+    from pytest_rlkernel_matrix.report.drill import drill_of
+
+    drill = drill_of(records, os.environ)
+    if drill:  # a drill's statements say so, wherever they are shown
+        for entry in modules:
+            entry["line"] = f"[{drill['text']}]\n{entry['line']}"
+    low, high = margin_bounds(margin)
+    return {"drill": drill, "direction": DIRECTION, "family": len(answers),
+            "confidence": declared.confidence,
+            "family_confidence": declared.confidence, "equivalence": margin,
+            "equivalence_bounds": [low, high],
+            "processes": sorted({int((r.get("performance_policy") or {}).get("processes") or 1)
+                                 for r in records}),
+            "method": METHOD,
+            "cell_interval": (f"per cell the mean of its processes' steady locations (log "
+                              f"scale) with a {level(declared.confidence)} t interval over "
+                              "processes (descriptive)"),
             "modules": modules}
+
+
+def module_line(entry: Mapping[str, Any], margin: float, family: int,
+                confidence: float) -> str:
+    """The terminal's lines for a module: a header, then one sentence per side and phase."""
+    stmts = entry["statements"]
+    head = (f"{entry['hardware']} {entry['module']} performance ({DIRECTION}; "
+            f"{level(confidence)} family-wise over {family} statements, closed testing; "
+            f"equivalence ±{margin:.0%})")
+    if not stmts:
+        return f"{head}: no phase timed in all four cells"
+    dropped = entry.get("dropped") or []
+    tail = (f"\n  {len(dropped)} process(es) not counted: " + "; ".join(dropped)
+            if dropped else "")
+    return head + ":\n" + "\n".join(f"  {s['text']}" for s in stmts if "text" in s) + tail
+
+
+def said_by_module(perf: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(hardware, module) -> the statements of a `performance` section."""
+    return {(str(m["hardware"]), str(m["module"])): list(m["statements"])
+            for m in perf.get("modules") or [] if m.get("statements")}
+
+
+def attribute_said(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`attribution.attribute` whose timing conclusions are the report's sentences."""
+    return attribute(records, said_by_module(performance(records)))

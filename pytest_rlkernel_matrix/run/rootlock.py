@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,3 +108,62 @@ def claim(root: Path, what: str = "pytest") -> RootLock:
     handle.write(json.dumps(info) + "\n")
     handle.flush()
     return RootLock(path, handle)
+
+
+def claim_session(root: Path, add_cleanup: Callable[[Callable[[], None]], None]
+                  ) -> Callable[[], None]:
+    """Take `root`'s session lock for a pytest session (RootError naming the root when it is
+    busy, a file, under a file or not writable; `add_cleanup` releases the lock at exit).
+    Returns the undo for a session that stops before it begins: it removes only what this
+    session created (its preflight-raw/, the lock file, the root and the parents it made, when
+    left empty) and releases the lock."""
+    import shutil
+
+    made: list[Path] = []
+    for folder in (root, *root.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        made.append(folder)
+    lock_file, raw = root / LOCK_FILE, root / "preflight-raw"
+    fresh_lock, fresh_raw = not lock_file.exists(), not raw.exists()
+    try:
+        lock = claim(root)
+    except RootError:
+        _remove_empty(made)  # a root created before its lock file failed
+        raise
+    add_cleanup(lock.release)
+
+    def undo() -> None:
+        if fresh_raw and raw.is_dir():
+            shutil.rmtree(raw, ignore_errors=True)
+        if fresh_lock:  # removed while still held: no other session can have claimed it
+            lock_file.unlink(missing_ok=True)
+        lock.release()
+        _remove_empty(made)
+
+    return undo
+
+
+def claim_fresh(root: Path, add_cleanup: Callable[[Callable[[], None]], None],
+                used: Sequence[str]) -> tuple[Path, Callable[[], None]]:
+    """The default root (`ablation-matrix-<stamp>`) or, when a session started in the same
+    second holds it or used it (one of `used` is there), the first free `<stamp>-2`,
+    `<stamp>-3`, ...: default roots never collide. Returns the root claimed and its undo."""
+    for n in range(1, 100):
+        candidate = root if n == 1 else root.with_name(f"{root.name}-{n}")
+        if any((candidate / name).exists() for name in used):
+            continue
+        try:
+            return candidate, claim_session(candidate, add_cleanup)
+        except RootBusy:
+            continue
+    raise RootBusy(f"{root}: 99 sessions hold or used this default matrix root and its "
+                   "numbered siblings; pass --rlk-matrix-root")
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break

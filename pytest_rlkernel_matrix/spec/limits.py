@@ -1,6 +1,6 @@
 """The performance limits a matrix file declares (`[performance]`), frozen for judging.
 
-In `spec` (not `judge.stats`) because the run layer's contamination sampler reads its
+In `spec` (not `judge.performance.stats`) because the run layer's contamination sampler reads its
 `sample_interval` too, and the run layer never imports the judge layer.
 """
 
@@ -17,8 +17,11 @@ class Policy:
 
     min_steps: int = 5
     processes: int = 1
+    auto: bool = False  # --rlk-processes=auto (extra_runs.py)
+    budget: float = 10.0  # minutes of measured runs an auto session may take
     min_processes: int = 2
     confidence: float = 0.95
+    equivalence: float = 0.05
     max_relative_spread: float = 0.5
     max_foreign_cpu: float = 0.25
     max_concurrent_seconds: float = 1.0

@@ -357,12 +357,22 @@ class PerformanceSection(_Strict):
                            "is its correctness run, the others measured runs (timings only, "
                            "routes must match the first's), interleaved across the cells; "
                            "--rlk-processes overrides")
+    auto: bool = Field(default=False, description="choose the processes per cell: a first "
+                       "stage of `processes` (at least 3) measures the variance, then rounds "
+                       "are added until every statement would resolve or `budget` is spent "
+                       "(--rlk-processes=auto; extra_runs.py)")
+    budget: float = Field(default=10.0, gt=0, le=24 * 60, description="minutes the measured "
+                          "processes of an auto session may take (--rlk-perf-budget)")
     min_processes: int = Field(default=2, description="processes each cell needs before its "
                                "times support a statement: the interval resamples processes "
                                "(between-process variation); supply them with processes = N "
                                "(or --rlk-processes=N)")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
-                              description="confidence level of each ratio's bootstrap interval")
+                              description="family-wise confidence of the report's performance "
+                              "statements (judge/performance/factorial.py)")
+    equivalence: float = Field(default=0.05, gt=0, le=1, description="margin m of 'no "
+                               "difference within +-m': the whole interval of a time ratio "
+                               "inside [1/(1+m), 1+m]")
     max_relative_spread: float = Field(default=0.5, gt=0, description="largest (max - min) / "
                                        "median of a cell's measured step times")
     max_foreign_cpu: float = Field(default=0.25, ge=0, le=1, description="largest share of the "

@@ -11,7 +11,7 @@ measured run) runs the steps after ``RL_KERNEL_PROFILE_SKIP`` under ``torch.prof
 CUDA on a GPU) and exports a chrome trace to ``$RL_KERNEL_PROFILE_DIR/trace.rank{r:05d}.json.gz``.
 Its ranges: ``rlk.phase.<weight_sync|rollout|training>`` around each phase and
 ``rlk.<side>.<module>`` around each call of a module kernel (``attention``, ``ffn``, ``logp``,
-``comm``), which ``judge/profile.py`` buckets the trace by.
+``comm``), which ``judge/localise/profile.py`` buckets the trace by.
 
 The ``slow`` drill (``RLK_REF_FAULT=slow:<module>:<side>:<factor>``): where that module runs its
 R path on that side, each call runs the module's kernels again on the same inputs (result

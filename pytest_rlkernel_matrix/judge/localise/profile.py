@@ -254,32 +254,51 @@ def short_kernel(name: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# (side, the cell with P on that side only, the phase that side's kernels run in); P/P stands
-# in where that cell has no profile (`[profile] cells = ["ffn[R/R]", "ffn[P/P]"]`): each side's
-# buckets are its own
-SIDE_CELLS = (("training", "P/R", "training"), ("rollout", "R/P", "rollout"))
+# (side, the pairs of cells that differ only on that side (R there, P there), the phase that
+# side's kernels run in): R/R vs P/R or R/P vs P/P for the training side, R/R vs R/P or P/R vs
+# P/P for the rollout side (issue 43: never a pair that differs on both sides)
+SIDE_PAIRS = (("training", (("R/R", "P/R"), ("R/P", "P/P")), "training"),
+              ("rollout", (("R/R", "R/P"), ("P/R", "P/P")), "rollout"))
+
+
+def _measured(records: dict[str, dict[str, Any]], r_case: str, p_case: str,
+              phase: str) -> str:
+    """'measured rollout phase R/R / R/P 1.08x (medians)' from the two cells' records."""
+    key = "step_wall_time" if phase == "unknown" else f"{phase}_wall_time"
+    a, b = (records.get(r_case) or {}).get(key), (records.get(p_case) or {}).get(key)
+    what = "step" if phase == "unknown" else f"{phase} phase"
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or b <= 0:
+        return f"measured {what}: not timed in both cells"
+    return (f"measured {what} {r_case} / {p_case} {float(a) / float(b):.2f}x (the cells' medians; "
+            "the performance statements judge it)")
 
 
 def statements(records: list[dict[str, Any]]) -> list[str]:
-    """Per hardware, module and side whose R/R and P cell both have a profile: the module's own
-    difference ("ffn, rollout side: R +3.1 ms/step over P (aten::mm +2.9)") and, when another
-    bucket differs more, that one too. Kernel sums, for localisation only."""
+    """Per hardware, module and side, for a pair of profiled cells that differ only on that
+    side: the module's own kernel difference ("ffn, rollout side: R +3.1 ms/step over P
+    (aten::mm +2.9)"), and, when another bucket differs more, that one too, next to the measured
+    phase difference of the same two cells. Kernel sums, for localisation only."""
     cells: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    recs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for rec in records:
         prof = rec.get("profile")
-        if isinstance(prof, dict) and prof.get("buckets") and rec.get("case") in (
-                "R/R", "P/R", "R/P", "P/P"):
-            cells.setdefault((str(rec.get("hardware")), str(rec.get("module"))), {})[
-                str(rec["case"])] = prof
+        if rec.get("case") in ("R/R", "P/R", "R/P", "P/P"):
+            key = (str(rec.get("hardware")), str(rec.get("module")))
+            recs.setdefault(key, {})[str(rec["case"])] = rec
+            if isinstance(prof, dict) and prof.get("buckets"):
+                cells.setdefault(key, {})[str(rec["case"])] = prof
     lines = []
     for (hw, module), by_case in sorted(cells.items()):
-        rr = by_case.get("R/R")
-        for side, case, phase in SIDE_CELLS:
-            if case not in by_case:
-                case = "P/P"
-            other = by_case.get(case)
-            if rr is None or other is None:
+        for side, pairs, phase in SIDE_PAIRS:
+            pair = next(((a, b) for a, b in pairs if a in by_case and b in by_case), None)
+            if pair is None:
+                if len(by_case) > 1:
+                    lines.append(f"{hw} {module} profile, {side} side: no pair of profiled cells "
+                                 f"differs only on the {side} side (profiled: "
+                                 f"{', '.join(sorted(by_case))}; profile "
+                                 f"{' or '.join(' and '.join(p) for p in pairs)})")
                 continue
+            rr, other = by_case[pair[0]], by_case[pair[1]]
             held = set((rr.get("buckets") or {}).get(side) or {}) | set(
                 (other.get("buckets") or {}).get(side) or {})
             if phase not in held:  # a framework's trace without phase ranges: the whole trace
@@ -300,8 +319,9 @@ def statements(records: list[dict[str, Any]]) -> list[str]:
                              + (f"; {tops}" if tops else "") + ")")
             unit = rr.get("unit") or "kernel time"
             where = "every phase (no phase ranges)" if phase == "unknown" else f"{phase} phase"
-            lines.append(f"{hw} {module} profile, {where}, R/R vs {case} ({unit}; "
-                         f"{PROFILE_NOTE.split(':')[0]}): " + "; largest: ".join(parts))
+            lines.append(f"{hw} {module} profile, {where}, {pair[0]} vs {pair[1]} ({unit}; "
+                         f"{PROFILE_NOTE.split(':')[0]}): " + "; largest: ".join(parts)
+                         + f"; {_measured(recs[(hw, module)], pair[0], pair[1], phase)}")
     return lines
 
 
