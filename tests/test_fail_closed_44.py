@@ -299,12 +299,13 @@ def test_init_says_what_a_launcher_must_add_for_weights_bitwise(
 
 
 def test_weights_bitwise_without_a_rollout_audit_is_not_judged(tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.read.steps import read_reproducibility
     from pytest_rlkernel_matrix.judge.reproducibility.steps import judge_claims
 
     k = CellKit(tmp_path)
     k.write()
     (k.dir / "weight-audit" / "v0.vllm-rollout.json").unlink()
-    claims, _ = judge_claims(k.dir, None)
+    claims, _ = judge_claims(read_reproducibility(k.dir, None))
     assert claims["weights_bitwise"]["status"] == "not judged", claims
 
 

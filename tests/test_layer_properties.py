@@ -25,6 +25,7 @@ from pytest_rlkernel_matrix.judge.performance.phases import phases
 from pytest_rlkernel_matrix.judge.read import ptread
 from pytest_rlkernel_matrix.judge.read.evidence import read_evidence
 from pytest_rlkernel_matrix.judge.read.logscan import scan_log
+from pytest_rlkernel_matrix.judge.read.steps import read_reproducibility
 from pytest_rlkernel_matrix.judge.reproducibility.steps import judge_claims
 from pytest_rlkernel_matrix.judge.route import rules
 from pytest_rlkernel_matrix.judge.route.rules import declared_policy, upstream_findings
@@ -318,7 +319,7 @@ def test_reproducibility_claims_never_hold_on_hostile_evidence(
         data = json.loads(path.read_text())
         data["sha256"] = data["sha256"] + pad
         path.write_text(json.dumps(data))
-    claims, _ = judge_claims(k.dir, None)
+    claims, _ = judge_claims(read_reproducibility(k.dir, None))
     if how in ("empty dir", "no sidecars", "truncated sidecar"):
         assert claims["train_rollout_bitwise"]["status"] != "holds", claims
     if how in ("empty dir", "one audit side", "padded audit"):

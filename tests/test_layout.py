@@ -238,3 +238,50 @@ def test_the_top_level_shims_are_gone(gone: str) -> None:
     assert not (ROOT / f"{gone}.py").exists()
     with pytest.raises(ModuleNotFoundError):
         __import__(f"{PKG}.{gone}")
+
+
+# What reads a file or looks at the file system: a validity layer and decide take typed objects
+# from `judge.read` and return findings; they never call any of these.
+_FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "load", "iterdir",
+               "glob", "rglob", "exists", "is_file", "is_dir", "is_symlink", "stat", "lstat",
+               "samefile", "resolve", "readlink", "scandir", "listdir", "walk", "fromfile",
+               "memmap", "loadtxt", "genfromtxt", "read_measurement"}
+_FILE_MODULES = ("os", "io", "shutil", "glob", "pickle", "mmap", "pathlib", f"{PKG}.store")
+
+
+def file_reads(module: str) -> list[str]:
+    """Where `module` reads a file: calls named in `_FILE_CALLS` (`open(`, `x.read_text(`,
+    `json.load(`, `torch.load(`, `np.load(`, `Path(...).open(` ...), and imports of the
+    package's file readers (`store.safeio`, `store.*`) or the standard library's file modules."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else (
+                fn.attr if isinstance(fn, ast.Attribute) else "")
+            if name in _FILE_CALLS:
+                found.append(f"{module}:{node.lineno}: {name}(")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""])
+            found += [f"{module}:{node.lineno}: import {n}" for n in names
+                      if n.split(".")[0] in _FILE_MODULES or n.startswith(_FILE_MODULES[-1])]
+    return found
+
+
+def test_the_file_scan_sees_reads() -> None:
+    # a sanity check of the scan: the readers below the layers are seen reading
+    assert any("read_bytes(" in f for f in file_reads(f"{JUDGE}.read.steps"))
+    assert any("import " in f for f in file_reads(f"{JUDGE}.read.evidence"))
+    assert any("read_text(" in f for f in file_reads(f"{PKG}.run.contamination"))
+
+
+def test_no_validity_layer_nor_decide_reads_a_file() -> None:
+    """Reading is one layer below the five layers: route, semantic, numeric, performance,
+    reproducibility and decide take typed objects (`judge.read`) and return findings."""
+    wrong = [hit for module in sorted(MODULES)
+             if _judge_part(module) in (*VALIDITY, "decide")
+             for hit in file_reads(module)]
+    assert wrong == []

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from test_nothing_compared import OPS, TOKENS, audit, probe_file
 
 from pytest_rlkernel_matrix.judge.localise import factors, probe
+from pytest_rlkernel_matrix.judge.read import steps as rsteps
 from pytest_rlkernel_matrix.judge.read.calls import call_gaps
 from pytest_rlkernel_matrix.judge.read.evidence import Evidence
 from pytest_rlkernel_matrix.judge.read.metrics import Sample
@@ -109,7 +110,7 @@ def test_run_to_run_never_holds_on_bad_inputs(two_runs: Path, kind: str, which: 
         a, b = d / "a", d / "a.repeat2"
         shutil.copytree(two_runs, a)
         shutil.copytree(two_runs.with_name(two_runs.name + ".repeat2"), b)
-        assert steps.compare_runs(a, b).status == "holds"
+        assert steps.compare_runs(rsteps.read_pair(a, b)).status == "holds"
         run = a if which == "first" else b
         sc = run / "mismatch-sidecars"
         name = f"rank{rank:05d}.call{call:08d}.pt"
@@ -133,10 +134,10 @@ def test_run_to_run_never_holds_on_bad_inputs(two_runs: Path, kind: str, which: 
         else:
             (sc / name).unlink()
             (sc / name).symlink_to(name)
-        r2r = steps._repeat_claim(a, b.name)
+        r2r = steps.compare_runs(rsteps.read_repeat(a, b.name))
         assert r2r.status != "holds", (kind, which, r2r)
         if run is a and kind in ("empty", "truncated", "self"):
-            st_ = steps.read_steps(a)
+            st_ = steps.Steps.of(rsteps.read_steps(a))
             assert st_.bitwise_claim().status != "holds", kind
 
 
@@ -217,7 +218,7 @@ def test_weight_audits_never_pass_bad_inputs(kind: str, version: int) -> None:
         problems: list[str] = []
         got = read_weight_audits(d, problems)
         reasons, _ = judge_weight_audit(got, "strict", False)
-        chain = steps.Steps(weights=steps.weight_chain(d, []), problems=list(problems))
+        chain = steps.Steps(weights=rsteps.weight_chain(d, []), problems=list(problems))
         assert reasons + problems or chain.weights_claim().status != "holds", kind
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pytest_rlkernel_matrix.judge.read import evidence
+from pytest_rlkernel_matrix.judge.read import steps as rsteps
 from pytest_rlkernel_matrix.judge.read.metrics import compute, part_sums, pooled_figures
 from pytest_rlkernel_matrix.judge.reproducibility import steps
 
@@ -64,10 +65,10 @@ def _series(root: Path) -> tuple[str, str, bool]:
     """(the series read inside one analysis, the series of a merge per call, fast path?)."""
     with evidence.pt_memo():
         ev = evidence.read_evidence(root)
-        files = steps.sidecar_files(root, [])
+        files = rsteps.sidecar_files(root, [])
         fast = evidence.step_inputs(root, files.values()) is not None
-        inside = steps.read_steps(root).as_dict()
-    alone = steps.read_steps(root).as_dict()
+        inside = steps.Steps.of(rsteps.read_steps(root)).as_dict()
+    alone = steps.Steps.of(rsteps.read_steps(root)).as_dict()
     assert ev.metrics is not None
     return json.dumps(inside, sort_keys=True), json.dumps(alone, sort_keys=True), fast
 
@@ -136,9 +137,9 @@ def test_the_weight_chain_reads_what_the_evidence_parsed_and_the_rest_itself(
         evidence.read_evidence(tmp_path)
         assert len(evidence.parsed_audits(tmp_path)) == 3
         problems: list[str] = []
-        inside = steps.weight_chain(tmp_path, problems)
+        inside = rsteps.weight_chain(tmp_path, problems)
     alone_problems: list[str] = []
-    assert inside == steps.weight_chain(tmp_path, alone_problems)
+    assert inside == rsteps.weight_chain(tmp_path, alone_problems)
     assert problems == alone_problems and len(problems) == 1
     assert inside["0"]["rollout"] == f"{0:064x}" and "training" in inside["2"]
 

@@ -223,6 +223,7 @@ def analyze_run(
     from pytest_rlkernel_matrix.judge.localise.profile import attach_profile
     from pytest_rlkernel_matrix.judge.read.evidence import pt_memo, read_evidence
     from pytest_rlkernel_matrix.judge.read.policy import Policy
+    from pytest_rlkernel_matrix.judge.read.steps import read_reproducibility
     from pytest_rlkernel_matrix.run.runner import RunResult
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 
@@ -239,6 +240,8 @@ def analyze_run(
         t0 = time.perf_counter()
         with pt_memo():  # the evidence and the per-step claims read each `.pt` file once
             ev = read_evidence(run_dir)
+            policy = Policy.from_meta(meta)  # (the layers take typed objects; decide reads none)
+            ev.reproducibility = read_reproducibility(run_dir, policy.repeat_dir)
             # RL-Kernel's debugger bundles: first divergence and upstream's report cross-checked;
             # their problems keep the cell from valid like any evidence's (issue 45)
             debugger_evidence(ev)
@@ -247,7 +250,7 @@ def analyze_run(
                               env=meta.get("env") if isinstance(meta.get("env"), dict) else {},
                               gaps=gaps, warmup=int(meta.get("warmup", 0) or 0),
                               blockers=[tuple(b) for b in meta.get("preflight_blockers") or []],
-                              policy=Policy.from_meta(meta),
+                              policy=policy,
                               performance_policy=PerformancePolicy.from_mapping(
                                   meta.get("performance_policy")))
         # The run's own fingerprints (a Slurm job's node) come first; `fingerprints` fills the
@@ -355,7 +358,6 @@ def build_record(
     from pytest_rlkernel_matrix.judge.numeric.judge import contract_id
     from pytest_rlkernel_matrix.judge.performance.phases import phases as phases_of
     from pytest_rlkernel_matrix.judge.read.metrics import FIGURE_CONVENTION
-    from pytest_rlkernel_matrix.run.contamination import read_measurement
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 
     metrics = ev.metrics.as_dict() if ev.metrics else {}
@@ -415,7 +417,7 @@ def build_record(
         "capability": ev.capability,
         "log_errors": ev.log.errors,
         "contamination": ev.log.contamination,
-        "contamination_measured": read_measurement(ev.root),
+        "contamination_measured": ev.contamination,
         "performance_policy": PerformancePolicy.from_mapping(
             meta.get("performance_policy")).as_dict(),
         "fault_drill": (ev.manifest or {}).get("fault_drill"),

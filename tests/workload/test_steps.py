@@ -9,15 +9,25 @@ from pathlib import Path
 import pytest
 from test_job import run_cell
 
-from pytest_rlkernel_matrix.judge.reproducibility.steps import (
-    compare_runs,
-    judge_claims,
-    read_steps,
-    trend,
-)
+from pytest_rlkernel_matrix.judge.read import steps as reading
+from pytest_rlkernel_matrix.judge.reproducibility import steps as layer
+from pytest_rlkernel_matrix.judge.reproducibility.steps import Claim, Steps, trend
 from pytest_rlkernel_matrix.report.claims import claim_lines, steps_chart
 
 STEPS = ["--num-prompts", "4", "--max-new-tokens", "10", "--micro-batch-size", "3"]
+
+
+def read_steps(root: Path) -> Steps:
+    """The series as read (judge/read/steps.py), with the layer's claims over it."""
+    return Steps.of(reading.read_steps(root))
+
+
+def compare_runs(first: Path, second: Path) -> Claim:
+    return layer.compare_runs(reading.read_pair(first, second))
+
+
+def judge_claims(root: Path, repeat_dir: str | None) -> tuple[dict, dict]:
+    return layer.judge_claims(reading.read_reproducibility(root, repeat_dir))
 
 
 def _run(tmp: Path, name: str, steps: int, fault: str | None = None,

@@ -8,6 +8,7 @@ main effects, t intervals, the three answers under closed testing, and the plan 
 resolve an inconclusive one), `stats` (two-cell ratios, the noise gate) and `accounting` (the
 time in no phase).
 
-May import: `judge.read`, `judge.findings`, `spec`, `store`, `run` (the contamination
-measurement); never another layer.
+May import: `judge.read`, `judge.findings`, `spec`, `store`, `run` (the contamination rule,
+`run.contamination.judge`; the file is read by `judge.read` into `Evidence.contamination`);
+never another layer.
 """

@@ -1,5 +1,6 @@
 """Performance validity: phase wall-clock is present and not contaminated (profiler, debug
-readback, checkpoint write, first compile; measured host/device contention, run/contamination.py),
+readback, checkpoint write, first compile; measured host/device contention, run/contamination.py,
+read into `Evidence.contamination`),
 with enough measured steps and a spread under the declared limit (`stats`), and the route is
 the requested one. A cell whose performance is not valid gives no performance conclusion.
 """
@@ -13,7 +14,6 @@ from pytest_rlkernel_matrix.judge.performance.phases import phases
 from pytest_rlkernel_matrix.judge.performance.stats import timing_noise
 from pytest_rlkernel_matrix.judge.read.evidence import Evidence
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
-from pytest_rlkernel_matrix.run.contamination import read_measurement
 from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 
 CONTAMINATING_ENV = {
@@ -33,7 +33,7 @@ def judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mode
         perf.fail(f"no phase wall-clock in run.log for {', '.join(missing)}")
     for reason in timing_noise(spread, policy):
         perf.fail(reason)
-    for reason in contamination_judge(read_measurement(ev.root), policy):
+    for reason in contamination_judge(ev.contamination, policy):
         perf.fail(reason)
     for key, label in CONTAMINATING_ENV.items():
         if env.get(key, "0") not in ("", "0", "false"):

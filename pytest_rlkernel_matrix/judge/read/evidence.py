@@ -124,6 +124,8 @@ class Evidence:
     samples: list[Sample] = field(default_factory=list)  # the merged samples (probe tokens)
     operator_records: list[dict[str, Any]] = field(default_factory=list)  # {side, module,
     runtime_policies: list[dict[str, Any]] = field(default_factory=list)  # source, record}
+    contamination: dict[str, Any] | None = None  # contamination.json (None: missing/unreadable)
+    reproducibility: Any = None  # read.steps.Reproducibility (read_reproducibility)
 
     @property
     def sides_with_readbacks(self) -> set[str]:
@@ -655,6 +657,11 @@ def _read_small(ev: Evidence) -> None:
                 ev.problems.append(f"{name} is not a JSON object")
     if isinstance(ev.manifest, dict) and ev.manifest.get("run_id") is not None:
         ev.run_ids["manifest.json"] = str(ev.manifest["run_id"])
+    try:  # the run's contamination measurement (run/contamination.py); judged by performance
+        data = json.loads(read_bytes(ev.root / "contamination.json", ev.root, MAX_JSON_BYTES))
+        ev.contamination = data if isinstance(data, dict) else None
+    except (Refused, OSError, ValueError, RecursionError):
+        ev.contamination = None
     code = ev.root / "exit-code"
     if code.exists() or code.is_symlink():
         try:
