@@ -186,11 +186,9 @@ def read_cell_run(run_dir: Path) -> dict[str, Any]:
         meta = json.loads(read_bytes(path, run_dir, MAX_JSON_BYTES).decode("utf-8"))
     except (Refused, OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    for key, kind in (("cell", dict), ("run", dict), ("mode", str)):
-        if not isinstance(meta.get(key), kind):
-            raise ValueError(f"{path}: key {key!r} missing or not a {kind.__name__}")
+    from pytest_rlkernel_matrix.judge.read.cellrun import validated
+
+    validated(meta, path)  # (pydantic: every key the judge reads, typed; a wrong one names it)
     return meta
 
 

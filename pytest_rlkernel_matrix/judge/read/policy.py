@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 CLAIMS = ("train_rollout_bitwise", "run_to_run_bitwise", "weights_bitwise")
@@ -35,23 +36,24 @@ class Policy:
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> Policy:
-        raw = meta.get("policy")
-        raw = raw if isinstance(raw, Mapping) else {}
-        contract = raw.get("baseline_contract")
+        """The policy of a `cell-run.json`'s parsed object, checked by `cellrun.CellRunMeta`
+        (pydantic, loaded here: not at plugin load); `ValueError` naming the file and key for a
+        wrong one (`report.record` makes it the cell's `error` record)."""
+        from pytest_rlkernel_matrix.judge.read.cellrun import validated
 
-        def count(key: str) -> int:
-            value = raw.get(key, 1)
-            return value if isinstance(value, int) and not isinstance(value, bool) else 1
-
+        checked = validated(dict(meta), Path("cell-run.json"))
+        raw = checked.policy
+        if raw is None:  # an older or hand-made file: every rule needing a fact fails closed
+            return cls(run_id=checked.run_id)
         return cls(
-            baseline_contract=contract if isinstance(contract, Mapping) else None,
-            min_samples_per_rank=max(1, count("min_samples_per_rank")),
-            min_active_tokens=max(1, count("min_active_tokens")),
-            backend=raw.get("backend") if isinstance(raw.get("backend"), str) else None,
-            run_id=str(meta["run_id"]) if meta.get("run_id") is not None else None,
-            baseline_claims=tuple(c for c in raw.get("baseline_claims") or () if c in CLAIMS),
-            repeat_dir=raw["repeat_dir"] if isinstance(raw.get("repeat_dir"), str) else None,
-            require_rollout_weight_audit=raw.get("require_rollout_weight_audit") is True,
+            baseline_contract=raw.baseline_contract,
+            min_samples_per_rank=raw.min_samples_per_rank,
+            min_active_tokens=raw.min_active_tokens,
+            backend=raw.backend,
+            run_id=checked.run_id,
+            baseline_claims=tuple(raw.baseline_claims),
+            repeat_dir=raw.repeat_dir,
+            require_rollout_weight_audit=raw.require_rollout_weight_audit,
         )
 
     def as_dict(self) -> dict[str, Any]:
