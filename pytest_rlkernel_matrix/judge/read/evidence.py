@@ -7,7 +7,7 @@ semantics: torch's layout and values, else `torch.load(weights_only=True)`) over
 read through `store.safeio`
 (capped, regular files inside the run directory); torch is imported only when a `.pt` file
 exists. Within `pt_memo()` (one cell's analysis) each `.pt` file is read once: the per-step
-claims (`judge.reproducibility.steps`) get the same loaded object and the same problems as the
+claims' reader (`judge.read.steps`) gets the same loaded object and the same problems as the
 evidence did.
 """
 
@@ -512,7 +512,7 @@ def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
 
 @dataclass
 class StepInputs:
-    """What the per-step series (`judge.reproducibility.steps`) needs of a cell whose sidecars read
+    """What the per-step series (`judge.read.steps`) needs of a cell whose sidecars read
     cleanly,
     from the cell's own merge: per call, its samples' `sample_counts` and its parts'
     `part_sums` in the order a merge of that call's sidecars alone sums them."""
