@@ -89,5 +89,7 @@ def validated(meta: Any, path: Path) -> CellRunMeta:
         errors = exc.errors(include_url=False)
         first = errors[0] if errors else {}
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ValueError(f"{path}: key {_where(first)!r}: {str(first.get('msg', exc))[:200]}"
-                         f"{more}") from None
+        got = repr(first.get("input"))
+        got = got if len(got) <= 80 else got[:77] + "..."
+        raise ValueError(f"{path}: key {_where(first)!r}: {str(first.get('msg', exc))[:200]} "
+                         f"(got {got}){more}") from None
