@@ -441,6 +441,15 @@ def _factor_case(rec: Mapping[str, Any]) -> tuple[str, bool | None]:
     return f"{name}={variant} at {case}: no train/rollout drift ({total} logprobs)", True
 
 
+def _factor_order(rec: Mapping[str, Any]) -> tuple[int, int]:
+    cases = rec.get("cases")
+    case = str(rec.get("case"))
+    scope = factor_scope(case, cases) if isinstance(cases, Mapping) else ""
+    order = ("R/R", "P/P", "P/R", "R/P")
+    return (MODULES.index(scope) + 1 if scope in MODULES else 0,
+            order.index(case) if case in order else len(order))
+
+
 def attribute_factors(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (hardware, factor, variant): its cases' words, joined in one line."""
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
@@ -451,6 +460,7 @@ def attribute_factors(records: Sequence[Mapping[str, Any]]) -> list[dict[str, An
                               []).append(rec)
     out: list[dict[str, Any]] = []
     for (hardware, name, variant), recs in groups.items():
+        recs.sort(key=_factor_order)  # R/R first, then P/P, then per module and side
         parts = [_factor_case(r) for r in recs]
         words = [p[0] for p in parts]
         # "R/R is invariant ... ; P/P is not (k of N)": the short form follows an invariant one
