@@ -119,3 +119,11 @@ def test_replay_case_per_module_and_side_on_cpu(pytester: pytest.Pytester,
     html = (root / "matrix-report.html").read_text()
     assert "factor batch_invariance=alone ffn" in html
     assert "ffn R/P" in html and "logp P/R is invariant to batch_invariance" in html
+
+
+def test_module_scoped_factor_cells_are_known_by_name(tmp_path: Path) -> None:
+    name = "factor-batch_invariance-alone-logp-rp"
+    m = _load(tmp_path, REPLAY + f'\n[profile]\ncells = ["{name}"]\n')
+    assert name in {c.name for c in expand_factors(m.factors, m.matrix, ["cpu"])}
+    with pytest.raises(MatrixFileError, match="is no cell of this matrix"):
+        _load(tmp_path, REPLAY + '\n[profile]\ncells = ["factor-batch_invariance-alone-rp"]\n')
