@@ -119,6 +119,16 @@ def test_replay_case_per_module_and_side_on_cpu(pytester: pytest.Pytester,
     html = (root / "matrix-report.html").read_text()
     assert "factor batch_invariance=alone ffn" in html
     assert "ffn R/P" in html and "logp P/R is invariant to batch_invariance" in html
+    # `rlk-matrix report <root>` re-reads both runs of each cell: the same lines and baselines
+    from pytest_rlkernel_matrix import cli
+
+    again = tmp_path / "again.json"
+    assert cli.main(["report", str(root), "--output", str(again), "--jobs", "1"]) == 0
+    after = json.loads(again.read_text())
+    assert after["factor_attribution"] == report["factor_attribution"]
+    assert {c["factor"]["baseline_cell"] for c in after["cells"] if c.get("factor")} == {
+        "cpu/attention-rr", *(f"cpu/{m}-{s}" for m in ("attention", "ffn", "logp")
+                              for s in ("pr", "rp"))}
 
 
 def test_module_scoped_factor_cells_are_known_by_name(tmp_path: Path) -> None:
