@@ -29,6 +29,7 @@ from pytest_rlkernel_matrix.judge.performance.stats import (
 )
 from pytest_rlkernel_matrix.spec.limits import Policy
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES as MODULES
+from pytest_rlkernel_matrix.spec.terms import factor_scope
 
 DRIFT = ("logprob_abs_diff_mean", "logprob_abs_diff_p99", "logprob_abs_diff_max",
          "mismatch_fraction")
@@ -387,11 +388,18 @@ def attribute(records: Sequence[Mapping[str, Any]],
 
 # -- framework factors ------------------------------------------------------------------------
 
+def _factor_case_label(rec: Mapping[str, Any]) -> str:
+    """`R/R`, or `attention R/P` for a factor cell at one module's case (the others fixed)."""
+    cases = rec.get("cases")
+    scope = factor_scope(str(rec.get("case")), cases) if isinstance(cases, Mapping) else ""
+    return f"{scope} {rec.get('case')}" if scope else str(rec.get("case"))
+
+
 def _factor_case(rec: Mapping[str, Any]) -> tuple[str, bool | None]:
     """(words, invariant?) for one factor cell against its baseline cell."""
     f = rec.get("factor") or {}
     c = f.get("comparison") or {}
-    case, name, variant = rec.get("case"), f.get("name"), f.get("variant")
+    case, name, variant = _factor_case_label(rec), f.get("name"), f.get("variant")
     applied = ((c.get("workload_factors") or {}).get(str(name)) or {}).get("applied")
     note = ((c.get("workload_factors") or {}).get(str(name)) or {}).get("note")
     if rec.get("verdict") != "valid":  # its own evidence failed: never blame the factor
@@ -433,6 +441,15 @@ def _factor_case(rec: Mapping[str, Any]) -> tuple[str, bool | None]:
     return f"{name}={variant} at {case}: no train/rollout drift ({total} logprobs)", True
 
 
+def _factor_order(rec: Mapping[str, Any]) -> tuple[int, int]:
+    cases = rec.get("cases")
+    case = str(rec.get("case"))
+    scope = factor_scope(case, cases) if isinstance(cases, Mapping) else ""
+    order = ("R/R", "P/P", "P/R", "R/P")
+    return (MODULES.index(scope) + 1 if scope in MODULES else 0,
+            order.index(case) if case in order else len(order))
+
+
 def attribute_factors(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (hardware, factor, variant): its cases' words, joined in one line."""
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
@@ -443,13 +460,14 @@ def attribute_factors(records: Sequence[Mapping[str, Any]]) -> list[dict[str, An
                               []).append(rec)
     out: list[dict[str, Any]] = []
     for (hardware, name, variant), recs in groups.items():
+        recs.sort(key=_factor_order)  # R/R first, then P/P, then per module and side
         parts = [_factor_case(r) for r in recs]
         words = [p[0] for p in parts]
         # "R/R is invariant ... ; P/P is not (k of N)": the short form follows an invariant one
         text = "; ".join(words)
         out.append({"hardware": hardware, "factor": name, "variant": variant,
-                    "cases": [str(r.get("case")) for r in recs],
-                    "invariant": {str(r.get("case")): p[1] for r, p in zip(recs, parts,
-                                                                             strict=True)},
+                    "cases": [_factor_case_label(r) for r in recs],
+                    "invariant": {_factor_case_label(r): p[1] for r, p in zip(recs, parts,
+                                                                               strict=True)},
                     "conclusion": f"{name} {variant}: {text}"})
     return out

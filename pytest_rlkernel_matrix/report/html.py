@@ -69,7 +69,7 @@ from pytest_rlkernel_matrix.report.html_parts import (
     phases_view,
     timing_mark,
 )
-from pytest_rlkernel_matrix.report.matrix_report import timing_counts
+from pytest_rlkernel_matrix.report.matrix_report import row_name, timing_counts
 
 __all__ = ["HTML_FILE", "drift_class", "render_html", "write_html"]
 
@@ -171,7 +171,7 @@ def _matrix_view(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]],
     by_key: dict[tuple[str, str, str], list[int]] = {}
     for i, c in enumerate(cells):
         f = _map(c.get("factor"))  # a factor cell: one row per factor variant, beside the modules
-        row = f"factor {f.get('name')}={f.get('variant')}" if f else str(c.get("module"))
+        row = row_name(c) if f else str(c.get("module"))
         key = (str(c.get("hardware")), row, str(c.get("case")))
         by_key.setdefault(key, []).append(i)
     hardware = _ordered(_list(matrix.get("hardware")), (k[0] for k in by_key))

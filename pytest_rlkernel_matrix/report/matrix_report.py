@@ -21,7 +21,7 @@ from pytest_rlkernel_matrix import __version__
 from pytest_rlkernel_matrix.judge.localise.profile import terminal_lines as profile_lines
 from pytest_rlkernel_matrix.judge.performance.accounting import table_cell as unattributed_cell
 from pytest_rlkernel_matrix.judge.read.loss import loss_short
-from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, plural
+from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, factor_scope, plural
 from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
 
 REPORT_SCHEMA = "rlk-matrix.report.v1"
@@ -208,10 +208,13 @@ def _bytes_note(r: Mapping[str, Any]) -> str:
 
 
 def row_name(r: Mapping[str, Any]) -> str:
-    """The module, or for a factor cell ``factor <name>=<variant>`` (as the HTML names it)."""
+    """The module, or for a factor cell ``factor <name>=<variant>`` (as the HTML names it),
+    with the module after it for a cell at one module's case (``... attention``)."""
     f = r.get("factor")
     if isinstance(f, Mapping) and f.get("name"):
-        return f"factor {f['name']}={f.get('variant')}"
+        cases = r.get("cases")
+        scope = factor_scope(str(r.get("case")), cases) if isinstance(cases, Mapping) else ""
+        return f"factor {f['name']}={f.get('variant')}" + (f" {scope}" if scope else "")
     return str(r["module"])
 
 

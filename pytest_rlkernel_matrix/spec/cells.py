@@ -24,7 +24,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, MODULES
+from pytest_rlkernel_matrix.spec.terms import (
+    ALL_MODULES,
+    MODULES,
+    factor_case_parts,
+    factor_scope,
+)
 
 if TYPE_CHECKING:
     from pytest_rlkernel_matrix.spec.matrix import Factor, MatrixSection
@@ -122,8 +127,15 @@ class Cell:
         """Directory name under `<matrix-root>/<hardware>/`, e.g. `attention-pr`."""
         case = self.case.replace('/', '').lower()
         if self.factor is not None:
-            return f"factor-{self.factor.name}-{self.factor.variant}-{case}"
+            scope = f"{self.scope}-" if self.scope else ""
+            return f"factor-{self.factor.name}-{self.factor.variant}-{scope}{case}"
         return f"{self.module}-{case}"
+
+    @property
+    def scope(self) -> str:
+        """A factor cell at one module's case (`[factors] cases = ["attention[R/P]"]`): that
+        module (the others at the matrix's fixed case); "" when every module is at `case`."""
+        return factor_scope(self.case, self.cases.as_dict()) if self.factor is not None else ""
 
     @property
     def id(self) -> str:
@@ -141,12 +153,15 @@ class Cell:
         return key
 
     def baseline_cell(self, layout_cells: Sequence[Cell] = ()) -> Cell:
-        """A factor cell's baseline: the unmodified run with every module at the same case (a
-        cell of the layout when one runs it, else a cell named `factor-baseline[<case>]`)."""
+        """A factor cell's baseline: the unmodified run with the same cases (a cell of the
+        layout when one runs it, else a cell named `factor-baseline[<case>]`, or for a factor
+        cell at one module's case the module cell `<module>[<case>]`)."""
         for cell in layout_cells:
             if (cell.factor is None and cell.hardware == self.hardware
                     and cell.cases == self.cases):
                 return cell
+        if self.scope:  # one module at the case: the module cell a pairwise layout names
+            return Cell(self.hardware, self.scope, self.case, self.cases)
         return Cell(self.hardware, "factor-baseline", self.case, self.cases)
 
 
@@ -219,8 +234,10 @@ def expand_factors(factors: Mapping[str, Factor], section: MatrixSection,
                 point = FactorPoint(name, variant, factor.baseline, tuple(sorted(v.env.items())),
                                     tuple(v.args), factor.expect)
                 for case in factor.cases:
-                    cases = Cases(case, case, case, case if with_comm else "")
-                    out.append(Cell(hw, FACTOR_MODULE, case, cases, point))
+                    module, xy = factor_case_parts(case)
+                    cases = (_with(section.fixed_case, with_comm, **{module: xy}) if module
+                             else Cases(case, case, case, case if with_comm else ""))
+                    out.append(Cell(hw, FACTOR_MODULE, xy, cases, point))
     return out
 
 

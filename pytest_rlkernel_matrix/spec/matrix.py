@@ -15,7 +15,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pytest_rlkernel_matrix.spec.terms import CASES, MODULES, plural
+from pytest_rlkernel_matrix.spec.terms import (
+    ALL_MODULES,
+    CASES,
+    MODULES,
+    factor_case_parts,
+    plural,
+)
 
 Module = Literal["attention", "ffn", "logp", "comm"]
 Mode = Literal["strict", "audit", "auto", "off"]
@@ -50,6 +56,29 @@ def normalize_case(value: object) -> str:
             "(first letter = training side, second = rollout side; P = production, R = RL-Kernel)"
         )
     return case
+
+
+_SCOPED_RE = re.compile(r"^([A-Za-z]+)\[(.*)\]$")
+
+
+def normalize_factor_case(value: object) -> str:
+    """A factor's case: `P/P` (every module at it) or `attention[R/P]` (that module at the case,
+    the others at the matrix's fixed case): the module lower-case, the case as `normalize_case`."""
+    if isinstance(value, str):
+        m = _SCOPED_RE.match(value.strip())
+        if m:
+            module = m.group(1).lower()
+            if module not in ALL_MODULES:
+                raise ValueError(f"{value!r}: {module!r} is not a module (expected one of "
+                                 f"{', '.join(ALL_MODULES)})")
+            return f"{module}[{normalize_case(m.group(2))}]"
+    return normalize_case(value)
+
+
+def factor_case_slug(case: str) -> str:
+    """`R/P` -> `rp`, `attention[R/P]` -> `attention-rp` (a factor cell's name ends in it)."""
+    module, xy = factor_case_parts(case)
+    return (f"{module}-" if module else "") + xy.replace("/", "").lower()
 
 
 def normalize_cases(value: object) -> object:
@@ -135,7 +164,9 @@ class MatrixSection(_Strict):
     @field_validator("cases", mode="before")
     @classmethod
     def _cases(cls, value: object) -> object:
-        return normalize_cases(value)
+        if isinstance(value, (list, tuple)):
+            return tuple(normalize_factor_case(v) for v in value)
+        return value
 
     @field_validator("fixed_case", mode="before")
     @classmethod
@@ -485,7 +516,9 @@ class Factor(_Strict):
     @field_validator("cases", mode="before")
     @classmethod
     def _cases(cls, value: object) -> object:
-        return normalize_cases(value)
+        if isinstance(value, (list, tuple)):
+            return tuple(normalize_factor_case(v) for v in value)
+        return value
 
     @field_validator("cases")
     @classmethod
@@ -559,9 +592,22 @@ class MatrixFile(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _scoped_factor_cases(self) -> MatrixFile:
+        for name, factor in self.factors.items():
+            for case in factor.cases:
+                module, xy = factor_case_parts(case)
+                if module and module not in self.matrix.modules:
+                    raise ValueError(f"factors.{name}.cases: {case!r}: {module!r} is not in "
+                                     f"matrix.modules {list(self.matrix.modules)}")
+                if module and xy == self.matrix.fixed_case:
+                    raise ValueError(f"factors.{name}.cases: {case!r}: the other modules are at "
+                                     f"{xy} already (matrix.fixed_case): write {xy!r}")
+        return self
+
+    @model_validator(mode="after")
     def _repeat_cells(self) -> MatrixFile:
         known = {f"{m}[{c}]" for m in self.matrix.modules for c in CASES}
-        known |= {f"factor-{n}-{v}-{c.replace('/', '').lower()}" for n, f in self.factors.items()
+        known |= {f"factor-{n}-{v}-{factor_case_slug(c)}" for n, f in self.factors.items()
                   for v in f.variants for c in f.cases}
         for key, names, word in (("reproducibility.cells", self.reproducibility.cells,
                                   "baseline"), ("profile.cells", self.profile.cells, "all")):

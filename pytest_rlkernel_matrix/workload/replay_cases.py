@@ -3,8 +3,10 @@
 vime's consistency audit (RL-Align/vime `vime/utils/consistency_audit.py`,
 `build_batch_invariance_replay_cases`) names five cases that keep one sample fixed while its
 batch changes; `RLK_REF_BATCH_INVARIANCE` = one of them runs the rollout in that layout, and the
-factor comparison (`judge/factors.py`) then counts, against the unmodified cell of the same
-kernel case, how many of the fixed samples' logprobs changed:
+factor comparison (`judge/localise/factors.py`) then counts, against the unmodified cell of the
+same kernel cases, how many of the fixed samples' logprobs changed. A factor's cases may name one
+module (`attention[R/P]`: attention's rollout on P, the rest R/R), so each case is judged per
+module and side (`examples/batch-invariance.toml`):
 
 - `same_sample_alone` (batch size, neighbouring samples): each sample decodes alone;
 - `same_sample_mixed_batch` (batch order, micro-batch membership): the samples decode in
