@@ -12,8 +12,8 @@ max/exp/sum cross-entropy; vLLM: native-dtype epilogues and ``log_softmax``).
 
 R is one implementation used identically on both sides. Every library call it makes has a fixed
 shape whatever the batch, the sequence packing or prefill-vs-decode: rows are processed in
-fixed-size row tiles, core attention in fixed-size problem chunks stepping over the keys in
-fixed-size key blocks (as many as the keys in use need), all in fp32. So each row sees exactly
+fixed-size row tiles, core attention in fixed-size problem chunks over the whole fixed key
+span, all in fp32. So each row sees exactly
 the same kernels and reduction order, which makes the selected logprobs bitwise identical
 between rollout and training.
 
