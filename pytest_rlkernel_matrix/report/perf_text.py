@@ -82,8 +82,9 @@ def report_reasons(modules: Sequence[Mapping[str, Any]]) -> list[str]:
     one process per cell), else the one-process reason wherever it is one."""
     reasons = [no_statement(m.get("statements") or []) for m in modules
                if m.get("statements")]
-    if reasons and reasons[0] and all(r == reasons[0] for r in reasons):
-        return list(reasons[0])
+    if (reasons and reasons[0] and all(r == reasons[0] for r in reasons)
+            and (len(reasons) > 1 or reasons[0] == [ONE_PROCESS])):
+        return list(reasons[0])  # (one module: its own line says its reason once)
     return [ONE_PROCESS] if any(r and ONE_PROCESS in r for r in reasons) else []
 
 
