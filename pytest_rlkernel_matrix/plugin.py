@@ -353,7 +353,8 @@ def _performance_lines(ms: MatrixSession) -> list[str]:
         from pytest_rlkernel_matrix.report.perf import performance
 
         perf = performance(list(ms.records.values()))
-    return [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]
+    note = [str(perf["note"])] if perf.get("note") else []  # a reason all share, said once
+    return note + [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]
 
 
 class MatrixHooks:

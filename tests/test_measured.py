@@ -62,6 +62,8 @@ def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
     at = next(i for i, x in enumerate(result.outlines) if x.startswith("cpu ffn performance "))
     assert "95% family-wise over 8 statements, closed testing" in result.outlines[at]
     assert f"  {rollout['text']}" in result.outlines[at + 1:at + 9]
+    assert all(x.startswith("  R on the ") for x in result.outlines[at + 1:at + 9])
+    assert perf["note"] is None and "performance: no statement" not in result.stdout.str()
     # The HTML: per module, each cell's phase times with their intervals.
     rr = next(m for m in perf["modules"] if m["module"] == "ffn")["cells"]["R/R"]
     assert rr["rollout_wall_time"]["processes"] == 3
@@ -119,9 +121,29 @@ def test_one_process_per_cell_says_how_to_get_a_conclusion(
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == 0
     text = result.stdout.str()
-    assert "cpu ffn performance (" in text
-    assert "inconclusive, " in text and "one process per cell" in text, text
-    assert "--rlk-processes=3" in text
+    # The reason every statement shares and its remedy: once for the report, never per side
+    # and phase; the module's point figures on one line; never "over 0 statements".
+    note = ("performance: no statement: one process per cell (the variation between processes "
+            "is not measured); run --rlk-processes=3 (or [performance] processes = 3 in "
+            "matrix.toml) or --rlk-processes=auto")
+    timings_unusable = "performance: no statement: R/R timings not usable" in text
+    if not timings_unusable:  # the shared box too noisy: that reason once instead
+        assert text.count(note) == 1, text
+        (line,) = [x for x in result.outlines if x.startswith("cpu ffn performance (")]
+        assert "point figures, no interval): training side rollout " in line, line
+        assert "; rollout side rollout " in line and "step " in line, line
+    assert text.count("--rlk-processes=3") == 1 and text.count("one process per cell") <= 2
+    assert "over 0 statements" not in text and "inconclusive" not in text, text
+    assert "R on the training side" not in text, text  # no per-statement sentence
+    report = _report(pytester)
+    said = _statements(report, "ffn")  # the JSON keeps every statement and its sentence
+    assert len(said) == 8 and all(s["text"].startswith("R on the ") for s in said.values())
+    if not timings_unusable:
+        assert all(s["text"].endswith("or --rlk-processes=auto") for s in said.values())
+        assert report["performance"]["note"] == note
+    html = next(pytester.path.glob("outputs/rlkernel/*/matrix-report.html")).read_text()
+    assert "over 0 statements" not in html and "0 statements" not in html
+    assert html.count("--rlk-processes=auto") <= 1
     root = next(pytester.path.glob("outputs/rlkernel/*"))
     assert not list(root.glob("cpu/*/measured.*"))
     assert "measured" not in _report(pytester)["cells"][0]
@@ -246,9 +268,18 @@ def test_contaminated_or_single_process_cells_state_nothing() -> None:
     assert said[("rollout", "rollout_wall_time")]["kind"] == "not judged"
     single = [dict(r, phase_spread={k: {"steps": v["steps"][:6]} for k, v in
                                     r["phase_spread"].items()}) for r in _module("ffn", 1.5)]
-    line = performance(single)["modules"][0]["line"]
-    assert line.startswith("cpu ffn performance (")
-    assert "inconclusive, 1.50x: one process per cell" in line and "--rlk-processes=3" in line
+    perf = performance(single)
+    line = perf["modules"][0]["line"]
+    # one line: the point figures; the reason and its remedy once, in the report's note
+    assert line == ("cpu ffn performance (time with R / time with P; below 1: R takes less "
+                    "time; point figures, no interval): training side rollout 1.00x, training "
+                    "1.00x, step 1.00x; rollout side rollout 1.50x, training 1.00x, step 1.17x")
+    assert perf["note"].startswith("performance: no statement: one process per cell (")
+    assert perf["note"].count("--rlk-processes") == 2  # =3 and =auto, said once
+    said = perf["modules"][0]["statements"]  # the statements' sentences are unchanged
+    assert "R on the rollout side: rollout phase inconclusive, 1.50x: one process per cell: " \
+        "the variation between processes is not measured; run several processes per cell: " \
+        "--rlk-processes=3" in [s["text"] for s in said][1]
 
 
 def test_a_phase_timed_at_zero_is_not_judged_and_the_rest_is() -> None:
@@ -431,3 +462,43 @@ def test_processes_option_takes_a_number_or_auto(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "[performance]\nequivalence = 0\n")
     with pytest.raises(MatrixFileError, match=r"(?s)matrix\.toml: .*performance\.equivalence"):
         load_matrix(path)
+
+
+def test_a_reason_every_module_shares_is_said_once_for_the_report() -> None:
+    """One process per cell in three modules: the remedy once; each module one compact line;
+    R/R's timings not usable (R/R is every module's baseline): that reason once too."""
+    def single(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(r, phase_spread={k: {"steps": v["steps"][:6]} for k, v in
+                                      r["phase_spread"].items()}) for r in records]
+
+    records = single(_module("ffn", 1.5) + _module("attention", 1.0) + _module("logp", 1.0))
+    perf = performance(records)
+    lines = [perf["note"], *(m["line"] for m in perf["modules"])]
+    text = "\n".join(lines)
+    assert len(text.splitlines()) == 4 and perf["family"] == 0
+    assert text.count("one process per cell") == 1 and text.count("--rlk-processes=auto") == 1
+    assert "over 0 statements" not in text and "inconclusive" not in text
+    assert [x.split(" (")[0] for x in lines[1:]] == [
+        "cpu attention performance", "cpu ffn performance", "cpu logp performance"]
+    assert "rollout side rollout 1.50x" in lines[2]
+    # the attribution's timing part: the reason without the remedy, then the figures
+    from pytest_rlkernel_matrix.report.perf import attribute_said
+
+    for entry in attribute_said(records):
+        assert "timings: no statement (one process per cell): training side " in \
+            entry["conclusion"] and "--rlk-processes" not in entry["conclusion"], entry
+
+    for r in records:
+        if r["case"] == "R/R":
+            r.update(performance_usable=False,
+                     validity={"performance": {"reasons": ["noise: step spread 173% > 50%"]}})
+    perf = performance(records)
+    assert perf["note"] == ("performance: no statement: R/R timings not usable: noise: step "
+                            "spread 173% > 50%")
+    assert [m["line"] for m in perf["modules"]] == [
+        f"cpu {m} performance: no statement" for m in ("attention", "ffn", "logp")]
+    # the HTML: the reason once, no table of rows that all say it, no "0 statements"
+    from pytest_rlkernel_matrix.report.html import render_html
+
+    html = render_html({"performance": perf, "cells": records})
+    assert html.count("R/R timings not usable: noise") == 1 and "0 statements" not in html

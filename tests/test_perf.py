@@ -179,8 +179,12 @@ def test_attribution_states_only_what_the_interval_supports() -> None:
     cells[1] = _record("P/R", FAST, usable=False, processes=PROCS)
     entry = attribute(cells)[0]
     assert "slower" not in entry["conclusion"] and "faster" not in entry["conclusion"]
-    assert ("R on the training side: training phase not judged (P/R timings not usable: "
-            "contaminated: test)" in entry["conclusion"])
+    # every statement not judged for P/R's reason: said once, not per side and phase
+    assert entry["conclusion"].endswith(
+        "timings: no statement (P/R timings not usable: contaminated: test)"), entry
+    assert [s["text"] for s in entry["statements"]][1] == (
+        "R on the rollout side: rollout phase not judged (P/R timings not usable: "
+        "contaminated: test)")
     r = timing_ratio(cells[0], cells[1], "step_wall_time", "step", Policy())
     assert r.conclusion == UNUSABLE
     assert r.reasons[-1].startswith("denominator P/R timings not usable")
@@ -191,9 +195,10 @@ def test_single_process_cells_give_no_performance_statement() -> None:
     cells = [_record("R/R", SLOW), _record("P/R", FAST), _record("R/P", SLOW),
              _record("P/P", FAST)]
     text = attribute(cells)[0]["conclusion"]
-    assert ("R on the training side: step time inconclusive, 2.02x: one process per cell: "
-            "the variation between processes is not measured" in text), text
-    assert "x [" not in text and "slower" not in text
+    # one reason shared by every statement: once, without the remedy (the report says it)
+    assert "timings: no statement (one process per cell): training side " in text, text
+    assert "step 2.02x" in text and text.count("one process per cell") == 1, text
+    assert "--rlk-processes" not in text and "x [" not in text and "slower" not in text
 
 
 def test_step_difference_carried_by_the_other_phase_is_no_side_statement() -> None:
@@ -247,8 +252,9 @@ def test_table_and_terminal_give_one_ratio_in_one_direction() -> None:
               _record("P/P", FAST)]
     row = next(line for line in markdown_table({"cells": single}) if "| P/R |" in line)
     assert row.endswith(f"| 2.02 {ONE_PROCESS} |"), row
-    assert ("R on the training side: step time inconclusive, 2.02x: one process per cell"
+    assert ("timings: no statement (one process per cell): training side "
             in attribute(single)[0]["conclusion"])
+    assert "step 2.02x" in attribute(single)[0]["conclusion"]
 
 
 def test_one_reason_for_no_conclusion_in_terminal_html_and_table() -> None:
@@ -260,8 +266,7 @@ def test_one_reason_for_no_conclusion_in_terminal_html_and_table() -> None:
     entry = attribute(cells)[0]
     text = entry["conclusion"]
     # the 2x2 needs P/P: every statement is not judged, with P/P's reason
-    assert "R on the training side: step time not judged (P/P timings not usable: " \
-        "contaminated: test)" in text, text
+    assert "timings: no statement (P/P timings not usable: contaminated: test)" in text, text
     assert "noise or contamination" not in text
     rows = {line.split(" | ")[2]: line for line in markdown_table({"cells": cells})
             if line.startswith("| cpu | attention |")}
@@ -272,7 +277,7 @@ def test_one_reason_for_no_conclusion_in_terminal_html_and_table() -> None:
     # P/R refused too: then every place leads with that reason
     cells[1] = _record("P/R", FAST, usable=False)
     entry = attribute(cells)[0]
-    assert "not judged (P/R timings not usable: contaminated: test)" in entry["conclusion"]
+    assert "no statement (P/R timings not usable: contaminated: test)" in entry["conclusion"]
     row = next(line for line in markdown_table({"cells": cells}) if "| P/R |" in line)
     assert row.endswith(f"| 2.02 {UNUSABLE} |"), row
     ratios = [timing_ratio(cells[0], c, "step_wall_time", "", Policy()) for c in cells[1:]]
@@ -399,9 +404,10 @@ def test_noisy_steps_give_no_conclusion(pytester: pytest.Pytester,
                    for r in _perf_reasons(cell)), _perf_reasons(cell)
         assert cell["verdict"] in ("valid", "contract_mismatch")  # drift judged as before
     conclusion = report["attribution"][0]["conclusion"]
-    # the cells' timings were refused for their noise: that is the reason given
-    assert "not judged (R/R timings not usable: noise: step time spread" in conclusion, \
-        conclusion
+    # the cells' timings were refused for their noise: that is the reason given, once
+    assert "timings: no statement (R/R timings not usable: noise: step time spread" in \
+        conclusion, conclusion
+    assert conclusion.count("R/R timings not usable") == 1, conclusion
     assert "slower" not in conclusion and "faster" not in conclusion
 
 

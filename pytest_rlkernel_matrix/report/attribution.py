@@ -27,6 +27,7 @@ from pytest_rlkernel_matrix.judge.performance.stats import (
     Ratio,
     compare_processes,
 )
+from pytest_rlkernel_matrix.report.perf_text import timing_text
 from pytest_rlkernel_matrix.spec.limits import Policy
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES as MODULES
 from pytest_rlkernel_matrix.spec.terms import factor_scope
@@ -375,8 +376,10 @@ def attribute(records: Sequence[Mapping[str, Any]],
             # the report's own sentences (report/perf.py): one answer, said one way; cells
             # without a run or on nodes that differ keep the refusal above
             entry["statements"] = said
-            timing = "; ".join(s["text"] for s in said if s["phase"] in (
-                "step_wall_time", f"{s['side']}_wall_time"))
+            own = [s for s in said if s["phase"] in ("step_wall_time",
+                                                     f"{s['side']}_wall_time")]
+            # no statement for a reason all share: said once, the remedy left to the report
+            timing = timing_text(own) or "; ".join(s["text"] for s in own)
         entry["conclusion"] = f"{module}: {drift}; {timing}"
         note = unattributed_note(cells)  # the step share in no phase, above its limit
         if note:

@@ -70,6 +70,7 @@ from pytest_rlkernel_matrix.report.html_parts import (
     timing_mark,
 )
 from pytest_rlkernel_matrix.report.matrix_report import row_name, timing_counts
+from pytest_rlkernel_matrix.report.perf_text import no_statement
 
 __all__ = ["HTML_FILE", "drift_class", "render_html", "write_html"]
 
@@ -291,6 +292,8 @@ def _performance(report: Mapping[str, Any]) -> View | None:
                  _fmt(str(s.get("phase")).removesuffix("_wall_time").replace("_", " ")),
                  _t(s.get("kind"), marks.get(str(s.get("kind")), "na")),
                  str(s.get("text") or "-")] for s in stmts]
+        if no_statement(stmts) is not None:  # one reason for every row: the line says it once
+            rows = []
         cells = _map(m.get("cells"))
         prow = [[case, *(_interval(_map(cells.get(case)).get(p)) for p in phases)]
                 for case in ("R/R", "P/R", "R/P", "P/P") if case in cells]
@@ -304,7 +307,9 @@ def _performance(report: Mapping[str, Any]) -> View | None:
              f"({perf.get('family')} statements, "
              f"{100 * float(perf.get('family_confidence') or 0):.4g}% family-wise; no "
              f"difference means within ±{100 * float(perf.get('equivalence') or 0):.3g}%). "
-             f"Phase times per cell: {perf.get('cell_interval')}.")
+             if perf.get("family") else f"{perf.get('note') or 'No statement.'} Every ratio "
+             f"reads {perf.get('direction')}. ") + (
+        f"Phase times per cell: {perf.get('cell_interval')}.")
     return {"intro": intro, "modules": views}
 
 

@@ -97,8 +97,9 @@ def counts_text(summary: Mapping[str, Any], timings: Mapping[str, Any] | None) -
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 # What `attribute` / `attribute_factors` compute with: a change to any of them is a new key.
-_ATTRIBUTION_SOURCES = ("report/attribution.py", "report/perf.py", "judge/performance/stats.py",
-                        "spec/limits.py", "spec/terms.py")
+_ATTRIBUTION_SOURCES = ("report/attribution.py", "report/perf.py", "report/perf_text.py",
+                        "judge/performance/stats.py", "judge/performance/factorial.py",
+                        "judge/performance/steady.py", "spec/limits.py", "spec/terms.py")
 MEMO_FILE = "attribution.json"
 
 

@@ -50,12 +50,17 @@ from pytest_rlkernel_matrix.report.attribution import (
     policy_of,
     process_steps,
 )
+from pytest_rlkernel_matrix.report.perf_text import (
+    compact,
+    no_statement,
+    one_process_why,
+    report_note,
+    report_reasons,
+)
 
 PHASES = COMPARED_PHASES  # rollout, training, weight sync, step
 SIDES = ("training", "rollout")
 NOT_JUDGED = "not judged"
-HOW = ("run several processes per cell: --rlk-processes=3 (or [performance] processes = 3 in "
-       "matrix.toml), or --rlk-processes=auto")
 METHOD = ("2x2 factorial on log time per module and phase (the process the unit of "
           "replication: per process the 20% trimmed mean of its steady-state steps, warm-up "
           "dropped by MSER); main effect of each side with a Student t interval, variance pooled "
@@ -208,8 +213,7 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 if refused:
                     s.update(kind=NOT_JUDGED, why=refused)
                 elif f.effects[side].se is None:
-                    s.update(kind=INCONCLUSIVE, why=f"one process per cell: the variation "
-                             f"between processes is not measured; {HOW}")
+                    s.update(kind=INCONCLUSIVE, why=one_process_why())
                 else:
                     answers.append((s, Answer((hardware, module, side, phase), f.effects[side]),
                                     f, costs))
@@ -229,8 +233,11 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             s["text"] = sentence(s["side"], s["phase"], s["kind"], s["ratio"], s["low"],
                                  s["high"], margin,
                                  None if not r else (r["processes"], r["steps"]), s["why"])
+    note = report_note(modules)  # a reason every module shares, once for the report
+    said = report_reasons(modules)
+    for entry in modules:
         if "line" not in entry:
-            entry["line"] = module_line(entry, margin, len(answers), declared.confidence)
+            entry["line"] = module_line(entry, margin, len(answers), declared.confidence, said)
     import os
 
     from pytest_rlkernel_matrix.report.drill import drill_of
@@ -240,7 +247,7 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for entry in modules:
             entry["line"] = f"[{drill['text']}]\n{entry['line']}"
     low, high = margin_bounds(margin)
-    return {"drill": drill, "direction": DIRECTION, "family": len(answers),
+    return {"drill": drill, "direction": DIRECTION, "family": len(answers), "note": note,
             "confidence": declared.confidence,
             "family_confidence": declared.confidence, "equivalence": margin,
             "equivalence_bounds": [low, high],
@@ -254,17 +261,22 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def module_line(entry: Mapping[str, Any], margin: float, family: int,
-                confidence: float) -> str:
-    """The terminal's lines for a module: a header, then one sentence per side and phase."""
+                confidence: float, said: Sequence[str] = ()) -> str:
+    """The terminal's lines for a module: a header, then one sentence per side and phase; when
+    no statement can be made, one line: the reason once (the one-process reason not at all
+    when the report's note says it: `said`) and the point figures (`report.perf_text`)."""
     stmts = entry["statements"]
-    head = (f"{entry['hardware']} {entry['module']} performance ({DIRECTION}; "
-            f"{level(confidence)} family-wise over {family} statements, closed testing; "
-            f"equivalence ±{margin:.0%})")
-    if not stmts:
-        return f"{head}: no phase timed in all four cells"
+    name = f"{entry['hardware']} {entry['module']} performance"
     dropped = entry.get("dropped") or []
     tail = (f"\n  {len(dropped)} process(es) not counted: " + "; ".join(dropped)
             if dropped else "")
+    if not stmts:
+        return f"{name}: no phase timed in all four cells" + tail
+    reasons = no_statement(stmts)
+    if reasons is not None or not family:
+        return compact(name, reasons or [], stmts, DIRECTION, said) + tail
+    head = (f"{name} ({DIRECTION}; {level(confidence)} family-wise over {family} statements, "
+            f"closed testing; equivalence ±{margin:.0%})")
     return head + ":\n" + "\n".join(f"  {s['text']}" for s in stmts if "text" in s) + tail
 
 
