@@ -111,11 +111,19 @@ def _ini_matrix(config: pytest.Config) -> str:
 def _no_matrix(config: pytest.Config, path: Path, explicit: bool) -> bool:
     """No matrix file named, and the default one absent or not an RL-Kernel matrix (another
     project's `matrix.toml`): a session that did not ask for this plugin."""
-    if explicit or _ini_matrix(config):
+    if explicit or _ini_matrix(config) or _named(config, path):
         return False
     from pytest_rlkernel_matrix.spec.recognise import is_rlk_matrix
 
     return not path.is_file() or not is_rlk_matrix(path)
+
+
+def _named(config: pytest.Config, path: Path) -> bool:
+    """Did the command line name the matrix file itself (`pytest matrix.toml`)? Then it is the
+    plugin's, errors and all: a malformed file is reported, never passed over as foreign."""
+    here = config.invocation_params.dir
+    return any(Path(here, str(a).split("::")[0]).resolve() == path.resolve()
+               for a in config.invocation_params.args if not str(a).startswith("-"))
 
 
 def _in_play(config: pytest.Config, path: Path) -> bool:

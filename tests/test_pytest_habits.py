@@ -88,6 +88,16 @@ def test_another_projects_matrix_toml_is_left_alone(pytester: pytest.Pytester) -
     named.stderr.fnmatch_lines(["*matrix.toml: invalid matrix file*"])
 
 
+def test_a_matrix_file_named_on_the_command_line_is_the_plugins(
+        pytester: pytest.Pytester) -> None:
+    """`pytest matrix.toml` names the file: a malformed one is reported as such, never passed
+    over as another project's file ("not found")."""
+    pytester.makefile(".toml", matrix='[runner\ncommand = "x"\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "matrix.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["*matrix.toml: not valid TOML*"])
+
+
 def test_recognised_matrix_files() -> None:
     from pytest_rlkernel_matrix.spec.recognise import is_rlk_matrix
 
