@@ -248,9 +248,7 @@ class AttentionKernel(ModuleKernel):
             k, v = inp.cache.k, inp.cache.v
         if inp.kv_gather is not None:  # context parallel: keys/values of every CP rank
             k, v = inp.kv_gather(k, v)
-        keys = inp.span if inp.cache is not None and inp.kv_gather is None else None
-        o = o_(n + "self_attn.attn", r_core_attention(q, inp.positions, k, v, self.tiling, keys),
-               "col")
+        o = o_(n + "self_attn.attn", r_core_attention(q, inp.positions, k, v, self.tiling), "col")
         out = r_matmul(o.reshape(b * t, hq * d), wo, self.tiling.row_tile)
         out = out if self.partial else out.to(self.dtype)
         return o_(n + "self_attn.o_proj", out, "row").reshape(b, t, h)

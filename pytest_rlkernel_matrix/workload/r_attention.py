@@ -17,19 +17,14 @@ from torch import Tensor
 from .weights import Tiling
 
 
-def r_core_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, tiling: Tiling,
-                     keys: int | None = None) -> Tensor:
+def r_core_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, tiling: Tiling) -> Tensor:
     """Causal attention, fp32, identical per query row for prefill, decode and training.
 
     ``q [B, T, Hq, D]`` fp32, ``q_pos [B, T]``, ``k``/``v`` ``[B, S, Hkv, D]`` (S <= key span).
     Query rows are grouped per (batch, kv head), padded to fixed query tiles, and processed in
     fixed chunks of ``chunk`` tiles; each chunk does ``bmm -> mask -> max -> exp -> sum -> bmm``
-    over the whole fixed key span, so every call has the same shapes. ``keys`` (how many leading
-    keys are in use) is accepted from the callers and not used: the key-block walk that used it
-    (issue 46) broke R/R bitwise in the real-vLLM engines job and was withdrawn
-    (docs/benchmarks.md, issue 46 section).
+    over the whole fixed key span, so every call has the same shapes.
     """
-    del keys
     b, t, hq, d = q.shape
     hkv, span, qt, ch = k.shape[2], tiling.key_span, tiling.query_tile, tiling.chunk
     g = hq // hkv

@@ -58,18 +58,17 @@ class AttnInputs:
 
 @dataclass(frozen=True)
 class Tiling:
-    """Fixed shapes of the R path: row tile, attention query tile, problem chunk, key span (the
-    cache's capacity) and key block (the attention's fixed step over the key axis)."""
+    """Fixed shapes of the R path: row tile, attention query tile, problem chunk and key span
+    (the cache's capacity)."""
 
     row_tile: int
     query_tile: int
     chunk: int
     key_span: int
-    key_block: int = 32
 
     @classmethod
     def for_device(cls, device: torch.device, key_span: int) -> Tiling:
         """Tile sizes tuned per device class (fixed for a run; both sides use the same)."""
         if device.type == "cuda":
-            return cls(row_tile=256, query_tile=16, chunk=1024, key_span=key_span, key_block=128)
-        return cls(row_tile=32, query_tile=8, chunk=32, key_span=key_span, key_block=32)
+            return cls(row_tile=256, query_tile=16, chunk=1024, key_span=key_span)
+        return cls(row_tile=32, query_tile=8, chunk=32, key_span=key_span)
