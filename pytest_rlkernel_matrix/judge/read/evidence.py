@@ -472,7 +472,10 @@ def _read_sidecar(ev: Evidence, path: Path, shards: list[Shard],
     shards.extend(found)
 
 
-def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
+def _read_train_data(ev: Evidence, path: Path, samples: list[Sample],
+                     masked: list[bool]) -> None:
+    """One train-data dump's samples; `masked` gets whether it carried `loss_masks` (vime's
+    active tokens, `save_debug_train_data`) or not (every token counts)."""
     loaded = _load_pt(path, ev.root, ev.problems)
     if loaded is None:
         return
@@ -482,20 +485,38 @@ def _read_train_data(ev: Evidence, path: Path, samples: list[Sample]) -> None:
     if not isinstance(rd, dict):
         ev.problems.append(f"{rel}: rollout_data is not a dict")
         return
-    lp, rlp = rd.get("log_probs"), rd.get("rollout_log_probs")
+    # vime's own reader takes `log_probs`, else `train_log_probs` (its drift loader)
+    lp = rd.get("log_probs") if rd.get("log_probs") is not None else rd.get("train_log_probs")
+    rlp, masks = rd.get("rollout_log_probs"), rd.get("loss_masks")
     if lp is None or rlp is None:
         ev.sample_problems.append(f"{path.name}: lacks log_probs or rollout_log_probs")
         return
+    masked.append(masks is not None)
     try:
         rank = _int(data.get("rank"), "rank", default=0)
         lp, rlp = _seq(lp, "log_probs"), _seq(rlp, "rollout_log_probs")
+        ms = None if masks is None else _seq(masks, "loss_masks")
         found: list[Sample] = []
         for i, (t, r) in enumerate(zip(lp, rlp, strict=False)):
             ta, ra = float_array(t, f"log_probs[{i}]"), float_array(r, f"rollout_log_probs[{i}]")
             if ta.size != ra.size:
                 ev.sample_problems.append(f"{path.name}: sample {i} lengths differ")
                 continue
-            found.append(Sample(ta, ra, np.ones(ta.size, dtype=bool), sample=i, rank=rank))
+            if ms is None:  # RL-Kernel's CUDA dump: no mask there, every token counts
+                mask = np.ones(ta.size, dtype=bool)
+            elif i >= len(ms):
+                continue  # (the sample count mismatch is said once, below)
+            else:  # vime's active tokens: `loss_masks[i].to(torch.bool)` (non-zero, NaN too)
+                mask = float_array(ms[i], f"loss_masks[{i}]") != 0
+                if mask.size != ta.size:
+                    ev.sample_problems.append(
+                        f"{path.name}: sample {i} has {ta.size} log_probs but {mask.size} "
+                        "loss_masks (vime: shape_mismatch, sample skipped)")
+                    continue
+            found.append(Sample(ta, ra, mask, sample=i, rank=rank))
+        if ms is not None and len(ms) != len(lp):
+            ev.sample_problems.append(f"{path.name}: {len(lp)} log_probs vs {len(ms)} loss_masks "
+                                      "samples (vime: sample_count_mismatch)")
     except (ValueError, TypeError, RecursionError, OverflowError, MemoryError,
             RuntimeError) as exc:
         ev.problems.append(f"{rel}: malformed: {type(exc).__name__}: {str(exc)[:200]}")
@@ -594,10 +615,16 @@ def _read_logprobs(ev: Evidence) -> None:
         ev.sample_problems.extend(merged.problems)
     else:
         dumps = listing(ev.root / "train-data", "*.pt", ev.root, ev.problems)
-        if dumps:
-            ev.logprob_source = "train-data (unmasked)"
+        masked: list[bool] = []
         for path in dumps:
-            _read_train_data(ev, path, samples)
+            _read_train_data(ev, path, samples, masked)
+        if dumps:  # vime's debug dumps carry loss_masks; RL-Kernel's CUDA dumps do not
+            ev.logprob_source = ("train-data (loss_masks)" if masked and all(masked) else
+                                 "train-data (unmasked)" if not any(masked) else
+                                 "train-data (loss_masks in some dumps only)")
+            if masked and any(masked) and not all(masked):
+                ev.sample_problems.append("train-data: some dumps carry loss_masks and some do "
+                                          "not: their active tokens are not one convention")
     if ev.logprob_source is not None:
         try:
             ev.samples = _renumber(samples)

@@ -3,9 +3,10 @@
 From the active-token delta = train - rollout (float64, RL-Kernel's sign, what `metrics.compute`
 already holds) the ratio pi_train / pi_rollout = exp(delta), and what an RL loss would do with it:
 
-- **PPO clip** (vime's `dlogp_diagnostics.compute_dlogp_diagnostics`, `rlk_audit_clipfrac0`): a
-  token is outside the clip range when |ratio - 1| > eps, eps = 0.2 by default; vime's
-  `ratio0_mean` (mean ratio) and `approx_kl0` (mean(ratio - 1 - delta), the k3 figure) too.
+- **PPO clip** (the rule of vime's `dlogp_diagnostics.compute_dlogp_diagnostics`,
+  `rlk_audit_clipfrac0`): a token is outside the clip range when |ratio - 1| > eps, eps = 0.2 by
+  default. Ours is not vime's figure where a delta is not finite (below): `vime` holds vime's
+  own (`clipfrac0`, `ratio0_mean` over the finite tokens only, as vime drops the others).
 - **Truncated IS** (verl's rollout correction, token level, `rollout_is_threshold` = 2.0: TIS
   clamps a weight at the cap; its `rollout_is_ratio_fraction_high`): the share of tokens whose
   raw ratio is above the cap.
@@ -36,7 +37,8 @@ TIS_CAP = 2.0  # verl's rollout_is_threshold default (token-level truncated IS)
 MIS_UPPER = 2.0  # verl's token-level masked IS upper bound; lower = 1 / upper
 QUANTILES = (50.0, 90.0, 99.0, 99.9)  # percent, of |log ratio|
 CONVENTION = ("ratio = exp(train - rollout) per active token; PPO clip: |ratio - 1| > eps "
-              "(vime dlogp_diagnostics clipfrac0, eps 0.2); truncated IS: ratio > cap (verl "
+              "(vime dlogp_diagnostics' rule, eps 0.2; vime's own clipfrac0 drops non-finite "
+              "tokens: see `vime`); truncated IS: ratio > cap (verl "
               "rollout correction TIS, rollout_is_ratio_fraction_high, cap 2); masked IS: ratio "
               "outside [1/upper, upper] (verl token-level IcePop/mask, upper 2); a non-finite "
               "delta counts as outside every range")
@@ -115,6 +117,7 @@ def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | n
                    **{f"{k}_fraction": 0.0 for k in ("clip", "tis_truncated", "mis_masked")},
                    steps=[_step(int(s), int(t), 0, 0, 0) for s, t in
                           zip(steps.tolist(), step_tokens.tolist(), strict=True)])
+        out["vime"] = _vime(n, n, 0, 1.0)
         out["brief"] = "ratio exactly 1"
         return out
     eps = thresholds.clip_eps
@@ -151,8 +154,24 @@ def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | n
         out[f"{name}_fraction"] = count / n
     out["steps"] = [_step(int(s), int(t), int(c), int(u), int(m)) for s, t, c, u, m in zip(
         steps.tolist(), step_tokens.tolist(), *(p.tolist() for p in per_step), strict=True)]
+    finite_n = n - nonfinite
+    out["vime"] = _vime(n, finite_n, out["clip_count"] - nonfinite, out.get("ratio_mean"))
     out["brief"] = brief(out)
     return out
+
+
+VIME_CONVENTION = ("vime dlogp_diagnostics: a non-finite active dlogp is dropped (its "
+                   "non_finite_dlogp warning) before clipfrac0 and ratio0_mean; "
+                   "active_token_count counts it")
+
+
+def _vime(active: int, finite: int, clipped: int, ratio_mean: float | None) -> dict[str, Any]:
+    """The figures as vime's `compute_dlogp_diagnostics` states them (non-finite tokens
+    dropped, 0.0 where nothing is left), beside ours (non-finite counts as outside)."""
+    return {"convention": VIME_CONVENTION, "active_token_count": active,
+            "dropped_non_finite": active - finite,
+            "clipfrac0": clipped / finite if finite else 0.0,
+            "ratio0_mean": ratio_mean if finite and ratio_mean is not None else 0.0}
 
 
 def _exp(x: float) -> float:
