@@ -241,6 +241,13 @@ def check_batch(batch: Mapping[str, Any], where: str, samples: int | None = None
         reasons.append(f"vime comparison field ({where}): {code}: {field} missing for "
                        f"{len(rows)} of {len(records)} samples (positions {_positions(rows)}); "
                        "vime warns in audit mode and its strict mode refuses the batch")
+    mismatched = [i for i, r in enumerate(records) if r is not None
+                  and isinstance(r.get("provenance"), Mapping)
+                  and r["provenance"].get("mismatches")]
+    if mismatched:
+        reasons.append(f"vime comparison field ({where}): requested_actual_provenance_mismatch: "
+                       f"requested and actual provenance differ for {len(mismatched)} of "
+                       f"{len(records)} samples (positions {_positions(mismatched)})")
     validation = batch.get("consistency_metadata_validation")
     if isinstance(validation, Mapping):
         for kind in ("failures", "warnings"):
@@ -373,6 +380,37 @@ def _derive_cube(scope: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[
             "runtime_provenance": _mapping(manifest.get("runtime_provenance"))}
 
 
+def dlogp_refusals(scope: Mapping[str, Any], where: str) -> list[str]:
+    """What vime's `compute_dlogp_diagnostics` refuses in a dump with `loss_masks` that the
+    logprob reader does not already say: a sample without active tokens (its
+    `zero_active_tokens` warning) and half-precision logprobs (it computes in the first
+    floating dtype, and `torch.quantile` raises for bfloat16 / float16)."""
+    import numpy as np
+
+    from pytest_rlkernel_matrix.judge.read.sidecars import float_array
+
+    train = _first(scope.get("log_probs"), scope.get("train_log_probs"))
+    rollout, masks = scope.get("rollout_log_probs"), scope.get("loss_masks")
+    if train is None or rollout is None or masks is None:
+        return []
+    out: list[str] = []
+    tl, rl, ml = (list(v) if isinstance(v, list | tuple) else [v] for v in (train, rollout, masks))
+    dtype = next((str(t.dtype) for t in (*tl, *rl) if "float" in str(getattr(t, "dtype", ""))),
+                 None)
+    if dtype is not None and dtype.replace("torch.", "") in ("bfloat16", "float16"):
+        out.append(f"vime dlogp diagnostics ({where}): the logprobs are {dtype}: vime's "
+                   "compute_dlogp_diagnostics computes in that dtype and raises there "
+                   "(torch.quantile needs float or double): vime cannot audit this dump")
+    zero = [i for i, (t, m) in enumerate(zip(tl, ml, strict=False))
+            if (mm := float_array(m, "loss_masks").ravel()).size
+            == float_array(t, "log_probs").size
+            and not np.count_nonzero(mm)]
+    if zero:
+        out.append(f"vime dlogp diagnostics ({where}): zero_active_tokens: {len(zero)} samples "
+                   f"without an active token (positions {_positions(zero)})")
+    return out
+
+
 def _number(value: Any, default: float | None = None) -> float | None:
     if value is None or isinstance(value, bool):
         return default
@@ -471,6 +509,14 @@ def read_vime_audit(root: Path, step_records: Any, load: Any,
             problems.append(f"vime drift report ({where}): {type(exc).__name__}: "
                             f"{str(exc)[:200]}")
             manifest, cube, got = {}, {}, {}
+        for scope in _scopes(data):
+            if scope.get("loss_masks") is not None:
+                try:
+                    reasons.extend(dlogp_refusals(scope, where))
+                except (ValueError, TypeError, IndexError, MemoryError) as exc:
+                    problems.append(f"vime dlogp diagnostics ({where}): {type(exc).__name__}: "
+                                    f"{str(exc)[:200]}")
+                break
         if manifest:
             manifests.append(manifest)
         if cube:
