@@ -132,6 +132,17 @@ def stitch(pieces: Iterable[Piece], stage: str, selected: set[int],
     return result, errors
 
 
+def _dtype_mismatch(dtypes: Mapping[str, set[str]]) -> str | None:
+    """core.bitdiff's `shape_or_dtype`: the two sides' stored dtypes must be one (a bfloat16
+    side against a float32 side is not comparable upstream; nothing is widened to compare)."""
+    left, right = dtypes.get("training") or set(), dtypes.get("rollout") or set()
+    if left and right and left != right:
+        return (f"shape_or_dtype: training {'/'.join(sorted(left))} vs rollout "
+                f"{'/'.join(sorted(right))}: different dtypes are not comparable (upstream "
+                "compares dtypes, it never widens)")
+    return None
+
+
 def _side(routes: Mapping[str, list[str]]) -> str:
     """Where a divergence is seen: the one side not on an RL-Kernel route, else both."""
     production = [s for s in SIDES if any("rlkernel" not in r.replace("_", "").replace("-", "")
@@ -159,6 +170,7 @@ def compare_bundle(b: Bundle) -> dict[str, Any]:
         values: dict[str, dict[int, np.ndarray]] = {}
         observed: dict[str, dict[str, Any]] = {}
         routes: dict[str, list[str]] = {}
+        dtypes: dict[str, set[str]] = {}
         for side in SIDES:
             recs = by[name][side]
             rows, issues = stitch((r.piece for r in recs), "value", selected)
@@ -182,6 +194,7 @@ def compare_bundle(b: Bundle) -> dict[str, Any]:
                 elif width != spec["width"]:
                     berr.append(f"{side}: feature width differs from manifest")
             values[side] = rows
+            dtypes[side] = {r.piece.dtype for r in recs}
             routes[side] = sorted({r.route for r in recs})
             contracts = [r.contracts for r in recs]
             if not contracts or any(c != contracts[0] for c in contracts):
@@ -196,8 +209,17 @@ def compare_bundle(b: Bundle) -> dict[str, Any]:
         if diff:
             berr.append("observed calculation contracts differ")
         deltas = []
+        mixed = _dtype_mismatch(dtypes)
+        if mixed:
+            berr.append(mixed)
         for position in sorted(values["training"].keys() & values["rollout"].keys()):
             d = bitdiff(values["training"][position], values["rollout"][position])
+            if mixed and d.get("comparable"):
+                d = {"comparable": False, "reason": "shape_or_dtype",
+                     "left": [list(values["training"][position].shape),
+                              "/".join(sorted(dtypes["training"]))],
+                     "right": [list(values["rollout"][position].shape),
+                               "/".join(sorted(dtypes["rollout"]))]}
             if not d.get("comparable") or not d.get("finite", False):
                 berr.append(f"invalid tensor comparison at position {position}")
             if not d.get("equal"):
@@ -291,6 +313,18 @@ def compare_replay(r: Replay) -> dict[str, Any]:
                 continue
             if set(left) != selected or set(right) != selected:
                 lerr.append(f"incomplete token coverage for {stage}")
+            mixed = _dtype_mismatch({s: {rec.pieces[stage].dtype for rec in pair[s]
+                                         if stage in rec.pieces} for s in SIDES})
+            if mixed:
+                lerr.append(f"{stage}: {mixed}")
+                row = {"layer": layer, "position": min(set(left) & set(right), default=None),
+                       "stage": stage, "module": stage_module(stage),
+                       "side": "training vs rollout", "comparable": False,
+                       "reason": "shape_or_dtype"}
+                diffs.append(row)
+                if first is None:
+                    first = row
+                continue
             for position in sorted(set(left) & set(right)):
                 d = bitdiff(left[position], right[position])
                 if not d.get("comparable") or not d.get("finite", False):

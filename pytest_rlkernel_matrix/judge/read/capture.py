@@ -155,15 +155,32 @@ def _json(path: Path, root: Path, problems: list[str]) -> Any:
 UNREAD = object()
 
 
+class Widened(np.ndarray):
+    """A half-precision tensor widened to float32 (exact, one to one) that remembers the dtype
+    it was stored in (`source_dtype`): upstream compares dtypes, it never widens (issue 50)."""
+
+    source_dtype: str = ""
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.source_dtype = getattr(obj, "source_dtype", "")
+
+
+def source_dtype(value: np.ndarray) -> str:
+    """The dtype a tensor was stored in: `bfloat16` / `float16` for a widened one."""
+    return getattr(value, "source_dtype", "") or str(value.dtype)
+
+
 def _arrays(value: Any) -> Any:
-    """torch tensors (torch's reading of a file ptread declines) as numpy arrays, recursively;
-    bfloat16/float16 widened to float32 (exact and one to one, as ptread's arrays are)."""
+    """torch tensors as numpy arrays, recursively; bfloat16/float16 widened to float32 (exact
+    and one to one), as `Widened` arrays that keep their stored dtype."""
     if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
         import torch
 
         t = value.detach().cpu()
         if t.dtype in (torch.bfloat16, torch.float16):
-            t = t.to(torch.float32)
+            out = t.to(torch.float32).numpy().view(Widened)
+            out.source_dtype = str(t.dtype).replace("torch.", "")
+            return out
         return t.numpy()
     if isinstance(value, dict):
         return {k: _arrays(v) for k, v in value.items()}
@@ -180,7 +197,9 @@ def load_pt(path: Path, root: Path, problems: list[str]) -> dict[str, Any] | Non
     except Refused as exc:
         problems.append(str(exc))
         return None
-    data = ptread.load_arrays(raw, name)
+    # ptread's fast path widens bfloat16 without a trace of it: such files go torch's way,
+    # where `_arrays` keeps the stored dtype (float16 goes that way already)
+    data = None if b"BFloat16Storage" in raw else ptread.load_arrays(raw, name)
     if data is None:
         data = ptread.pt_dict(raw, name, problems)
         data = None if data is None else _arrays(data)
@@ -269,7 +288,7 @@ def _piece(tensors: Any, metadata: Any, stage: str, where: str,
         return None
     sizes = meta.get("feature_sizes", {})
     width = _int(sizes.get(stage)) if isinstance(sizes, dict) else None
-    return Piece(np.ascontiguousarray(value), positions, offset, width, str(value.dtype))
+    return Piece(np.ascontiguousarray(value), positions, offset, width, source_dtype(value))
 
 
 def read_bundle(directory: Path, root: Path) -> Bundle:
