@@ -209,7 +209,7 @@ def _report(args: argparse.Namespace) -> int:
         print(f"rlk-matrix: {exc}", file=sys.stderr)
         return 2
     try:
-        if not (root / "matrix-report.json").exists() and not any(root.glob("*/*/cell-run.json")):
+        if not any(root.glob("*/*/cell-run.json")) and not _ours(root / "matrix-report.json"):
             print(empty, file=sys.stderr)
             return 2
         if args.jobs is not None and args.jobs < 1:
@@ -384,8 +384,26 @@ def markdown_table(report: dict[str, object]) -> list[str]:
     return lines
 
 
+def _ours(path: Path) -> bool:
+    """Whether `path` is the plugin's matrix-report.json (its schema_version), not RL-Kernel's
+    debug session report of the same name (`debug_matrix_report.v2`, `groups`)."""
+    from pytest_rlkernel_matrix.report.merge import MergeError, load_report
+
+    try:
+        load_report(path)
+    except (MergeError, OSError):
+        return False
+    return True
+
+
 def _table(args: argparse.Namespace) -> int:
-    report = json.loads(Path(args.report).read_text())
+    from pytest_rlkernel_matrix.report.merge import MergeError, load_report
+
+    try:  # the plugin's own report only (RL-Kernel's `rlk debug` writes a matrix-report.json
+        report = load_report(Path(args.report))  # of its own: debug_matrix_report.v2)
+    except MergeError as exc:
+        print(f"rlk-matrix: {exc}", file=sys.stderr)
+        return 2
     print("\n".join(markdown_table(report)))
     return 0
 

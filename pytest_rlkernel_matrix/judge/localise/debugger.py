@@ -350,14 +350,67 @@ def compare_replay(r: Replay) -> dict[str, Any]:
         errors.append("no layer replay snapshots")
     if len(idents) != 1 or None in idents or len(sampling) != 1:
         errors.append("frozen token or sampling identity differs across captures")
+    errors.extend(f"capture failed ({e})" for e in r.errors)
+    seen = r.identities["training"] + r.identities["rollout"]
+    if not all(r.identities.values()) or any(v != seen[0] for v in seen):
+        errors.append("runtime token/mask/sampling identities are missing or different "
+                      "(identity/*.json)")
+    elif {seen[0].get("tokens")} != idents:
+        errors.append("captured layers do not belong to the verified frozen sample")
+    head_errors, head_first = compare_head(r)
+    errors.extend(head_errors)
+    if first is None and head_first is not None:
+        first = {"layer": len(layers), "module": "lm_head", "side": "training vs rollout",
+                 **head_first}
     if len(expected) != 1 or None in expected or not isinstance(next(iter(expected)), int) or (
             sorted(layers) != list(range(next(iter(expected))))):
         errors.append("decoder layer coverage does not match the actual model")
     status = "not_comparable" if errors else "diverged" if first else "equal"
     return {"kind": "layer replay", "path": r.path, "status": status, "first_divergence": first,
             "errors": errors, "layers": rows_out,
-            "scope": "one frozen sample, pre-update eager forwards; captured stages only "
-                     "(the LM head, endpoint and identity files are not read here)"}
+            "scope": "one frozen sample, pre-update eager forwards; captured stages, the LM "
+                     "head and the runtime identities (the endpoint sidecars and route files "
+                     "are the cell's own judges')"}
+
+
+def compare_head(r: Replay) -> tuple[list[str], dict[str, Any] | None]:
+    """qwen3_report.analyze_head: the LM head's input and logits, bit for bit, with its
+    weight tiles complete (one `-head.json` per layer-0 worker) and equal on both sides."""
+    errors: list[str] = []
+    weights: dict[str, dict[str, Any]] = {s: {} for s in SIDES}
+    for side in SIDES:
+        stems = set(r.head_weights[side])
+        if not stems or stems != r.layer0_weights[side]:
+            errors.append(f"{side} LM-head weight rank coverage is incomplete")
+        for tiles in r.head_weights[side].values():
+            for key, value in tiles.items():
+                if key in weights[side] and weights[side][key] != value:
+                    errors.append(f"{side} LM-head weight replica differs: {key}")
+                weights[side][key] = value
+    if not weights["training"] or weights["training"] != weights["rollout"]:
+        errors.append("LM-head runtime weights are missing or different")
+    positions = {p for _, side, pieces in r.heads if side == "rollout" and "logits" in pieces
+                 for p in pieces["logits"].positions}
+    first: dict[str, Any] | None = None
+    for stage in ("head_input", "logits"):
+        left, le = stitch((p[stage] for _, s, p in r.heads if s == "training" and stage in p),
+                          stage, positions)
+        right, re_ = stitch((p[stage] for _, s, p in r.heads if s == "rollout" and stage in p),
+                            stage, positions)
+        errors.extend(le + re_)
+        if not positions or set(left) != positions or set(right) != positions:
+            errors.append(f"missing or incomplete {stage} evidence (heads/)")
+        mixed = _dtype_mismatch({s: {p[stage].dtype for _, side, p in r.heads
+                                     if side == s and stage in p} for s in SIDES})
+        if mixed:
+            errors.append(f"{stage}: {mixed}")
+        for position in sorted(set(left) & set(right)):
+            d = bitdiff(left[position], right[position])
+            if not d.get("comparable") or not d.get("finite", False):
+                errors.append(f"invalid {stage} comparison at token {position}")
+            if not d.get("equal") and first is None:
+                first = {"stage": stage, "position": position, **d}
+    return errors, first
 
 
 def _where(first: Mapping[str, Any] | None) -> str:
@@ -438,11 +491,77 @@ def judge_cell(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
         label = f"debugger layer replay {r.path}"
         problems.extend(f"{label}: {p}" for p in r.problems)
         res = compare_replay(r)
+        gates = arm_gates(r.arm_summary)
+        if gates:  # session.apply_evidence_gates: the arm's own summary makes it not comparable
+            res["errors"].extend(gates)
+            res["status"] = "not_comparable"
         res["summary"] = summary(res)
+        res["upstream_report_path"] = r.report_path
+        res["upstream_report"] = None if r.report is None else {
+            "status": r.report.get("status"),
+            "first_divergence": _where(r.report.get("first_divergence"))}
         results.append(res)
         problems.extend(f"{label}: not comparable: {e}" for e in res["errors"][:8])
         problems.extend(cross_check(res, r.report, label))
     return results, problems
+
+
+def arm_gates(arm: Mapping[str, Any] | None) -> list[str]:
+    """What RL-Kernel's `session.apply_evidence_gates` takes from `single-arm-summary.json`."""
+    if not isinstance(arm, Mapping):
+        return []
+    out = []
+    if arm.get("frozen_sources_match") is False:
+        out.append("single-arm-summary.json: frozen source fingerprint changed during capture")
+    code = arm.get("launcher_returncode")
+    if code not in (0, None):
+        out.append(f"single-arm-summary.json: the capture process exited with {code}")
+    if arm.get("passed") is False:
+        errs = arm.get("errors") if isinstance(arm.get("errors"), list) else []
+        out.append("single-arm-summary.json: the arm's own validation failed"
+                   + (f" ({'; '.join(str(e) for e in errs[:3])[:300]})" if errs else ""))
+    return out
+
+
+def upstream_files(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """RL-Kernel's other debugger files in a cell: `frozen-replay.json` (`frozen_replay.v1`),
+    `debug-summary.json` (`debug_summary.v1`), `single-arm-summary.json` and RL-Kernel's own
+    `matrix-report.json` (`debug_matrix_report.v2`, never the plugin's): recorded, a foreign
+    or unreadable one a problem, a failing gate a reason."""
+    from pytest_rlkernel_matrix.judge.read.capture import _depths, _json
+
+    out: list[dict[str, Any]] = []
+    problems: list[str] = []
+    wants = {"frozen-replay.json": "frozen_replay.v1", "debug-summary.json": "debug_summary.v1",
+             "matrix-report.json": None, "single-arm-summary.json": None}
+    from pytest_rlkernel_matrix.store.safeio import listing
+
+    for name, schema in wants.items():
+        for path in [p for pat in _depths(name, 2) for p in listing(root, pat, root, problems)]:
+            rel = str(path.relative_to(root))
+            data = _json(path, root, problems)
+            if not isinstance(data, dict):
+                problems.append(f"debugger {rel}: not a JSON object")
+                continue
+            got = data.get("schema_version") or data.get("schema")
+            row = {"file": rel, "schema_version": got, "status": data.get("status")}
+            if schema is not None and got not in (schema, f"rlkernel.{schema}"):
+                problems.append(f"debugger {rel}: schema_version {got!r} is not {schema!r}")
+            if name == "matrix-report.json":
+                if not isinstance(data.get("groups"), list):
+                    problems.append(f"debugger {rel}: a matrix-report.json inside a cell that is "
+                                    "not RL-Kernel's debug session report (no groups)")
+                    continue
+                row["groups"] = [str(g.get("group")) for g in data["groups"]
+                                 if isinstance(g, dict)]
+                row["conclusion"] = data.get("conclusion")
+            if name == "single-arm-summary.json" and not (path.parent / "diagnostics").is_dir():
+                problems.extend(f"debugger {rel}: {g}" for g in arm_gates(data))
+            if name == "debug-summary.json" and data.get("status") in ("diverged",
+                                                                      "not_comparable"):
+                row["note"] = "upstream's session summary"
+            out.append(row)
+    return out, problems
 
 
 def debugger_evidence(ev: Any) -> None:
@@ -453,5 +572,14 @@ def debugger_evidence(ev: Any) -> None:
     except Exception as exc:  # an unforeseen shape: fail closed, go on
         results, problems = [], [f"debugger evidence: unreadable ({type(exc).__name__}: "
                                   f"{str(exc)[:200]})"]
+    try:
+        files, more = upstream_files(ev.root)
+    except Exception as exc:  # fail closed, go on
+        files, more = [], [f"debugger files: unreadable ({type(exc).__name__}: "
+                           f"{str(exc)[:200]})"]
+    if files:
+        results = [*results, {"kind": "upstream files", "path": ".", "status": None,
+                              "files": files, "summary": "RL-Kernel debugger files: " + ", ".join(
+                                  f"{f['file']} ({f['schema_version']})" for f in files)}]
     ev.debugger = results
-    ev.problems.extend(problems)
+    ev.problems.extend(problems + more)

@@ -118,6 +118,15 @@ class Replay:
     weights: dict[str, dict[str, str] | None] = field(default_factory=dict)  # file -> tiles
     report: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
+    heads: list[tuple[str, str, dict[str, Piece]]] = field(default_factory=list)  # file, side,
+    head_weights: dict[str, dict[str, dict[str, Any]]] = field(  # side -> stem -> tiles
+        default_factory=lambda: {s: {} for s in SIDES})
+    layer0_weights: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in SIDES})
+    identities: dict[str, list[dict[str, Any]]] = field(
+        default_factory=lambda: {s: [] for s in SIDES})
+    errors: list[str] = field(default_factory=list)  # failed captures (`errors/*.pt`)
+    report_path: str | None = None  # where upstream's report was found
+    arm_summary: dict[str, Any] | None = None  # single-arm-summary.json of the run directory
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -127,17 +136,38 @@ def _rel(path: Path, root: Path) -> str:
         return path.name
 
 
+MAX_DEPTH = 4  # folders between the cell and a `diagnostics/` or a bundle (upstream: any)
+
+
+def _depths(tail: str, deepest: int = MAX_DEPTH) -> list[str]:
+    return ["/".join(["*"] * d + [tail]) for d in range(deepest + 1)]
+
+
 def find(root: Path, problems: list[str]) -> tuple[list[Path], list[Path]]:
-    """(capture bundle folders, layer-replay diagnostics folders) in a cell directory: the cell
-    itself, its folders and those of its `debug/`, `debugger/` and `captures/` folders holding
-    `capture-manifest.json`; `diagnostics/` (RL_KERNEL_ALIGNMENT_DIAGNOSTICS_DIR), in the cell or
-    one folder below, holding `layers/`."""
+    """(capture bundle folders, layer-replay diagnostics folders) in a cell directory, where
+    `rlk debug` finds them: a folder holding `capture-manifest.json`, and `diagnostics/layers`
+    at any depth (upstream's `rglob`; its own tests nest it under `arms/r-r/`), here up to
+    `MAX_DEPTH` folders down: one deeper is a problem (fail closed), never silently skipped. A
+    `captures/` folder of capture files without its manifest is a problem too."""
     bundles: list[Path] = []
     replays: list[Path] = []
-    for pattern in (MANIFEST, f"*/{MANIFEST}", *(f"{d}/*/{MANIFEST}" for d in BUNDLE_DIRS)):
+    for pattern in _depths(MANIFEST):
         bundles.extend(p.parent for p in listing(root, pattern, root, problems))
-    for pattern in ("diagnostics/layers", "*/diagnostics/layers"):
+    for pattern in _depths("diagnostics/layers"):
         replays.extend(p.parent for p in listing(root, pattern, root, problems) if p.is_dir())
+    for what in (MANIFEST, "diagnostics/layers"):
+        deeper = listing(root, "/".join(["*"] * (MAX_DEPTH + 1) + [what]), root, problems)
+        if deeper:
+            problems.append(f"debugger: {_rel(deeper[0], root)} is more than {MAX_DEPTH} folders "
+                            "below the cell: not read (the plugin's bound; rlk debug would read "
+                            "it)")
+    for pattern in _depths("captures"):
+        for folder in listing(root, pattern, root, problems):
+            if folder.is_dir() and not (folder.parent / MANIFEST).exists() and any(
+                    _CAPTURE.match(p.name) for p in listing(folder, "*.pt", root, problems)):
+                problems.append(f"debugger: {_rel(folder, root)} holds capture files but "
+                                f"{_rel(folder.parent, root) or '.'} has no {MANIFEST}: a "
+                                "bundle without its manifest cannot be judged")
     return sorted(set(bundles)), sorted(set(replays))
 
 
@@ -365,9 +395,56 @@ def read_bundle(directory: Path, root: Path) -> Bundle:
     return b
 
 
-def read_report(directory: Path, root: Path, problems: list[str]) -> dict[str, Any] | None:
-    """An upstream `diagnostic-report.json` in `directory`, if there is one."""
-    path = directory / REPORT
+SESSION_SCHEMA = "debug_matrix_report.v2"  # RL-Kernel's own matrix-report.json (`rlk debug`)
+
+
+def replay_report_path(directory: Path, root: Path, problems: list[str]) -> Path | None:
+    """Where `rlk debug` left the report of the replay in `directory` (a `diagnostics/`
+    folder): `diagnostics/diagnostic-report.json` (`rlk debug <diagnostics>`), else the nearest
+    `diagnostic-report.json` of a folder above it inside the cell that is not a capture
+    bundle (`rlk debug <run dir>` writes `<run dir>/diagnostic-report.json`), else a live
+    session's `<session root>/<group>.report.json` where the session root holds RL-Kernel's
+    `matrix-report.json` naming this run directory as the group's `run_dir`."""
+    folder = directory
+    while True:
+        if (folder / REPORT).is_file() and not (folder / MANIFEST).exists():
+            return folder / REPORT
+        if folder == root or root not in folder.parents:
+            break
+        folder = folder.parent
+    folder = directory.parent
+    while True:
+        path = _session_report(folder, directory.parent, root, problems)
+        if path is not None:
+            return path
+        if folder == root or root not in folder.parents:
+            return None
+        folder = folder.parent
+
+
+def _session_report(session: Path, run_dir: Path, root: Path,
+                    problems: list[str]) -> Path | None:
+    matrix = session / "matrix-report.json"
+    if not matrix.is_file():
+        return None
+    data = _json(matrix, root, problems)
+    if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
+        return None  # (not RL-Kernel's session report: read by nobody here)
+    for group in data["groups"]:
+        if not isinstance(group, dict) or not isinstance(group.get("group"), str):
+            continue
+        named = Path(str(group.get("run_dir") or ""))
+        rel = _rel(run_dir, session)
+        if named == run_dir or str(named).endswith("/" + rel) or str(named) == rel:
+            path = session / f"{group['group']}.report.json"
+            return path if path.is_file() else None
+    return None
+
+
+def read_report(directory: Path, root: Path, problems: list[str],
+                path: Path | None = None) -> dict[str, Any] | None:
+    """An upstream `diagnostic-report.json` in `directory` (or at `path`), if there is one."""
+    path = path or directory / REPORT
     if not (path.exists() or path.is_symlink()):
         return None
     data = _json(path, root, problems)
@@ -392,6 +469,52 @@ def read_report(directory: Path, root: Path, problems: list[str]) -> dict[str, A
     return data
 
 
+HEAD_STAGES = ("head_input", "logits")
+
+
+def _read_heads(directory: Path, root: Path, r: Replay) -> None:
+    """`heads/*.pt` (the LM head's input and logits per side, qwen3_report.analyze_head) and
+    the weight tiles `weights/{side}-*-head.json` beside the layer-0 ones."""
+    files = listing(directory / "heads", "*.pt", root, r.problems)
+    for path in files[:MAX_CAPTURE_FILES]:
+        name = f"{r.path}/heads/{path.name}"
+        data = load_pt(path, root, r.problems)
+        if data is None:
+            continue
+        side, call = data.get("side"), _int(data.get("call"))
+        if side not in SIDES or call is None:
+            r.problems.append(f"{name}: side {side!r} / call {data.get('call')!r} malformed")
+            continue
+        if side == "training" and call != 0:
+            continue  # the pre-update score only, as for the layers
+        pieces: dict[str, Piece] = {}
+        tensors, meta = data.get("tensors"), data.get("metadata")
+        for stage in HEAD_STAGES:
+            if isinstance(tensors, dict) and stage in tensors:
+                piece = _piece(tensors, meta, stage, name, r.problems)
+                if piece is not None:
+                    pieces[stage] = piece
+        r.heads.append((name, str(side), pieces))
+    for side in SIDES:
+        for path in listing(directory / "weights", f"{side}-*-head.json", root, r.problems):
+            tiles = _json(path, root, r.problems)
+            r.head_weights[side][path.stem.removesuffix("-head")] = (
+                tiles if isinstance(tiles, dict) else {})
+        r.layer0_weights[side] = {p.stem.removesuffix("-layer0") for p in listing(
+            directory / "weights", f"{side}-*-layer0.json", root, r.problems)}
+
+
+def _read_identities(directory: Path, root: Path, r: Replay) -> None:
+    """`identity/*.json`: each side's runtime token / mask / sampling identity."""
+    for path in listing(directory / "identity", "*.json", root, r.problems):
+        value = _json(path, root, r.problems)
+        if not isinstance(value, dict) or value.get("side") not in SIDES:
+            r.problems.append(f"{r.path}/identity/{path.name}: not an identity of a side")
+            continue
+        value = dict(value)
+        r.identities[str(value.pop("side"))].append(value)
+
+
 def read_replay(directory: Path, root: Path) -> Replay:
     """The layer-replay files of one diagnostics folder (`layers/`, `weights/`)."""
     r = Replay(path=_rel(directory, root))
@@ -402,8 +525,11 @@ def read_replay(directory: Path, root: Path) -> Replay:
         r.problems.append(f"{r.path}/layers: {len(files)} files: not read")
         return r
     for path in listing(directory / "errors", "*.pt", root, r.problems):
+        r.errors.append(f"{r.path}/errors/{path.name}")
         r.problems.append(f"{r.path}/errors/{path.name}: a capture failed on the run (upstream "
-                          "records it there)")
+                          "records it there; its analyze_replay says not_comparable)")
+    _read_heads(directory, root, r)
+    _read_identities(directory, root, r)
     for path in files:
         name = f"{r.path}/layers/{path.name}"
         m = _LAYER.match(path.name)
@@ -444,5 +570,20 @@ def read_replay(directory: Path, root: Path) -> Replay:
             str(data.get("frozen_tokens_sha256")) if data.get("frozen_tokens_sha256") else None,
             json.dumps(data.get("sampling"), sort_keys=True, default=str), pieces, meta,
             weights))
-    r.report = read_report(directory, root, r.problems)
+    where = replay_report_path(directory, root, r.problems)
+    r.report = None if where is None else read_report(directory, root, r.problems, where)
+    r.report_path = None if where is None else _rel(where, root)
+    r.arm_summary = _arm_summary(directory.parent, root, r.problems)
     return r
+
+
+def _arm_summary(run_dir: Path, root: Path, problems: list[str]) -> dict[str, Any] | None:
+    """`single-arm-summary.json` of the replay's run directory, if there is one."""
+    path = run_dir / "single-arm-summary.json"
+    if not path.is_file():
+        return None
+    data = _json(path, root, problems)
+    if not isinstance(data, dict):
+        problems.append(f"{_rel(path, root)}: not a JSON object")
+        return None
+    return data
