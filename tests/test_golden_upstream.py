@@ -111,3 +111,53 @@ def test_vime_golden(name: str, tmp_path: Path) -> None:
 def test_every_case_has_a_golden_verdict() -> None:
     assert set(GOLDEN) == set(cases.CASES)
     assert set(STRICTER) <= set(cases.CASES)
+
+
+# --- RL-Kernel's consistency debugger: capture bundles judged against upstream's analyze_bundle
+
+DEBUGGER = Path(__file__).parent / "golden" / "upstream" / "debugger"
+DEBUGGER_GOLDEN = json.loads((DEBUGGER / "verdicts.json").read_text())["cases"]
+DEBUGGER_STRICTER: dict[str, str] = {}  # none: every verdict is upstream's
+
+
+def _debugger_cases() -> Any:
+    sys.path.insert(0, str(DEBUGGER))
+    try:
+        import importlib
+
+        spec = importlib.util.spec_from_file_location("debugger_cases", DEBUGGER / "cases.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(DEBUGGER))
+
+
+DCASES = _debugger_cases()
+
+
+@pytest.mark.parametrize("name", DCASES.CASES)
+def test_debugger_golden(name: str, tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.localise.debugger import judge_cell
+
+    want = DEBUGGER_GOLDEN[name]
+    DCASES.write(name, tmp_path / "bundle")
+    results, problems = judge_cell(tmp_path / "bundle")
+    ours = results[0]["status"] if results else "not_comparable"
+    if want["status"] == "equal" and ours != "equal":
+        assert name in DEBUGGER_STRICTER, (name, ours, problems)
+        return
+    assert ours == want["status"], (name, ours, want, problems)
+    if want["status"] == "equal":
+        assert not problems, (name, problems)
+    if want["status"] == "diverged":
+        first = results[0]["first_divergence"]
+        assert (first["boundary"], first["position"]) == (
+            want["first_divergence"]["boundary"], want["first_divergence"]["position"]), name
+        assert first["bitwise_mismatches"] == want["first_divergence"]["bitwise_mismatches"]
+    elif want["status"] == "not_comparable":
+        assert problems  # a not-comparable bundle is a reason that keeps the cell from valid
+
+
+def test_every_debugger_case_has_a_golden_verdict() -> None:
+    assert set(DEBUGGER_GOLDEN) == set(DCASES.CASES)

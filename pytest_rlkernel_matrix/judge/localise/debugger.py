@@ -477,6 +477,10 @@ def judge_cell(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if not b.boundaries:
             continue
         res = compare_bundle(b)
+        unfinished = [p for p in b.problems if "incomplete capture:" in p]
+        if unfinished:  # analyze_bundle: an interrupted capture makes the bundle not comparable
+            res["errors"] = [*unfinished, *res["errors"]]
+            res["status"] = "not_comparable"
         res["summary"] = summary(res)
         res["upstream_report"] = None if b.report is None else {
             "status": b.report.get("status"),
