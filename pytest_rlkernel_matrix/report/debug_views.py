@@ -136,6 +136,11 @@ def vime_rows(audit: Mapping[str, Any]) -> list[tuple[str, Any]]:
         rows.append((f"rlk_audit_* (step {last} of {len(metrics)})",
                      ", ".join(f"{k} {v:.4g}" for k, v in _map(metrics[last]).items()
                                if isinstance(v, int | float))))
+    drift = _map(audit.get("drift_report"))
+    if drift:  # vime's drift-report status as vime computes it (issue 50)
+        rows.append(("vime drift report", f"{drift.get('status')}"
+                     + (f" ({'; '.join(str(b) for b in drift.get('because') or [])})"
+                        if drift.get("because") else "") + f"; cube {drift.get('cube')}"))
     if audit.get("note"):
         rows.append(("vime audit note", str(audit["note"])))
     return rows

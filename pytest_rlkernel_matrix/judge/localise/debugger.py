@@ -582,7 +582,7 @@ def debugger_evidence(ev: Any) -> None:
         files, more = [], [f"debugger files: unreadable ({type(exc).__name__}: "
                            f"{str(exc)[:200]})"]
     if files:
-        results = [*results, {"kind": "upstream files", "path": ".", "status": None,
+        results = [*results, {"kind": "upstream files", "path": ".", "status": "recorded",
                               "files": files, "summary": "RL-Kernel debugger files: " + ", ".join(
                                   f"{f['file']} ({f['schema_version']})" for f in files)}]
     ev.debugger = results
