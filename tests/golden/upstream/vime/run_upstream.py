@@ -32,6 +32,7 @@ if HERE.parents[3] in UPSTREAM.parents or HERE.parents[3] == UPSTREAM:
 sys.path.insert(0, str(UPSTREAM))
 
 from tools.consistency_drift_report import load_consistency_artifacts  # noqa: E402
+from vime.utils.consistency_audit import validate_consistency_audit_batch  # noqa: E402
 from vime.utils.consistency_drift_report import build_consistency_drift_report  # noqa: E402
 from vime.utils.consistency_metadata import validate_samples_consistency_metadata  # noqa: E402
 from vime.utils.dlogp_diagnostics import compute_dlogp_diagnostics  # noqa: E402
@@ -42,6 +43,7 @@ COMMITS = {
     "RL-Align/vime vime/utils/consistency_metadata.py": "19a6162",
     "RL-Align/vime vime/utils/consistency_drift_report.py": "16dccde (status rule as at 44b3aafc)",
     "RL-Align/vime vime/utils/train_dump_utils.py": "b2c9b02",
+    "RL-Align/vime vime/utils/consistency_audit.py": "ad10c53 (validate_consistency_audit_batch)",
     "RL-Align/vime tools/consistency_drift_report.py": "newest stored (load_consistency_artifacts)",
 }
 
@@ -99,10 +101,16 @@ def verdict(name: str) -> dict[str, Any]:
             v = validate_samples_consistency_metadata(samples, mode=mode)
             out[f"metadata_{mode}"] = {"warnings": sorted({i.code for i in v.warnings}),
                                        "failures": sorted({i.code for i in v.failures})}
+            prov = next((rd[k] for k in ("runtime_provenance", "consistency_runtime_provenance")
+                         if isinstance(rd.get(k), dict)), None)
+            a = validate_consistency_audit_batch(rd, mode=mode, runtime_provenance=prov)
+            out[f"audit_{mode}"] = {"warnings": sorted({i.code for i in a.warnings}),
+                                    "failures": sorted({i.code for i in a.failures})}
     dl = out["dlogp_diagnostics"]
     out["upstream_refuses"] = bool(
         out["drift_report"]["status"] != "PASS"
-        or (records is not None and out["metadata_strict"]["failures"])
+        or (records is not None and (out["metadata_strict"]["failures"]
+                                     or out["audit_strict"]["failures"]))
         or (dl is not None and dl["warnings"]))
     return out
 
