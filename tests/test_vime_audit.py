@@ -62,3 +62,36 @@ def test_no_audit_no_block(tmp_path: Path) -> None:
     rec = _cell(tmp_path, None).analyze()
     assert rec["vime_audit"] is None and rec["verdict"] == "valid"
     assert audit_metrics([(1, {"x": 1}), (2, "not a dict")]) == {}
+
+
+def _vime_cell(tmp_path: Path, case: str) -> dict:
+    """A clean cell with a vime debug dump of `case` (tests/golden/upstream/vime/cases.py)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "golden" / "upstream" / "vime"))
+    import cases
+
+    kit = CellKit(tmp_path).write()
+    cases.write(case, kit.dir)
+    return kit.analyze()
+
+
+def test_a_fallback_vime_records_anywhere_is_the_cells_fallback(tmp_path: Path) -> None:
+    # (every place at the reader level: tests/test_golden_upstream.py)
+    for i, case in enumerate(("fallback_manifest_runtime_provenance",
+                              "fallback_sample_undeclared")):
+        rec = _vime_cell(tmp_path / str(i), case)
+        assert rec["verdict"] == "fallback", (case, rec["reasons"])
+
+
+def test_vimes_refusals_and_drift_report_are_reasons(tmp_path: Path) -> None:
+    rec = _vime_cell(tmp_path / "a", "audit_missing_contract_id")
+    assert rec["verdict"] == "incomparable"
+    assert any("logprob_contract_id_missing" in r for r in rec["reasons"])
+    rec = _vime_cell(tmp_path / "b", "strict_failure_runtime_provenance")
+    assert rec["verdict"] != "valid"
+    assert any("vime's drift report says FAIL" in r for r in rec["reasons"]), rec["reasons"]
+    assert rec["vime_audit"]["drift_report"]["status"] == "FAIL"
+    rec = _vime_cell(tmp_path / "c", "audit_complete")
+    assert rec["verdict"] == "valid", rec["reasons"]
+    assert rec["vime_audit"]["drift_report"]["status"] == "PASS"
