@@ -1,8 +1,9 @@
 """Training cost per token against the micro-batch size, R against P, per kernel (issue 55, GPU).
 
 The reference job's own training (``job.run_training`` with the learning step's backward) on a
-synthetic rollout of the job's shapes (prompts of 8..32 tokens, every sample its ``new``
-tokens: the length every sample reaches with random weights), one process, both sides:
+synthetic rollout of the job's lengths (prompts of 8..32 tokens, each sample's new tokens drawn
+from 2/3 of ``new`` to ``new`` as ``job.main`` draws them; ``--fixed-lengths``: all ``new``),
+one process, both sides:
 
 - **sweep**: for each length and micro-batch size, the training of the first sequences (about
   ``--tokens`` padded tokens, whole micro-batches; one micro-batch first as a warm-up so that
@@ -12,6 +13,10 @@ tokens: the length every sample reaches with random weights), one process, both 
 - **kernels** (``--kernels 160:32,44``): the same run under ``torch.profiler`` at two sizes,
   each kernel's device time per 1,000 tokens side by side: the kernel whose cost per token
   grows with the micro-batch is the cliff.
+
+``--unpadded-dw`` runs R's weight gradients as before issue 55 (``g^T`` and ``A^T`` with the
+micro-batch's token count as their row length, unpadded): the cliff's "before", in the same
+process and on the same machine as the "after".
 
 ::
 
@@ -49,14 +54,21 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def rollout(cfg, new: int, n: int, dev: torch.device, seed: int = 1) -> Rollout:
+def rollout(cfg, new: int, n: int, dev: torch.device, fixed: bool, seed: int = 1) -> Rollout:
+    """The job's lengths (``job.main``): prompts of 8..32 tokens, each sample's new tokens drawn
+    from ``2 new / 3 .. new`` (``fixed``: every sample ``new``). A micro-batch is padded to its
+    longest sample, so its token count ``samples x length`` is any number."""
     gen = torch.Generator().manual_seed(seed)
     plens = torch.randint(8, 33, (n,), generator=gen).tolist()
-    toks = [torch.randint(2, cfg.vocab_size, (p + new,), generator=gen).to(dev) for p in plens]
-    return Rollout(toks, plens, [torch.zeros(new) for _ in plens])
+    news = ([new] * n if fixed else
+            torch.randint(max(1, new * 2 // 3), new + 1, (n,), generator=gen).tolist())
+    toks = [torch.randint(2, cfg.vocab_size, (p + k,), generator=gen).to(dev)
+            for p, k in zip(plens, news, strict=True)]
+    return Rollout(toks, plens, [torch.zeros(k) for k in news])
 
 
 def train(model: Qwen3, ks: SideKernels, ro: Rollout, mb: int, idx: list[int]) -> None:
+    """``job.run_training`` with the learning step's backward over samples ``idx``."""
     sub = Rollout([ro.tokens[i] for i in idx], [ro.prompt_lengths[i] for i in idx],
                   [ro.logprobs[i] for i in idx])
     active = sum(x.numel() for x in sub.logprobs)
@@ -71,7 +83,7 @@ def measure(model: Qwen3, ks: SideKernels, ro: Rollout, mb: int, tokens: int,
     t = max(x.numel() for x in ro.tokens)
     n = min(len(ro.tokens), max(mb, -(-max(1, tokens // t) // mb) * mb))
     idx = list(range(n))
-    train(model, ks, ro, mb, idx[:mb])  # warm-up: compiles this shape's kernels
+    train(model, ks, ro, mb, idx[:2 * mb])  # warm-up: compiles this size's kernels
     _sync(dev)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -133,9 +145,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--r-chunk", type=int, default=0,
                     help="probe: rows per LM-head logits chunk of the Triton R path")
+    ap.add_argument("--fixed-lengths", action="store_true",
+                    help="every sample its full new tokens (default: the job's 2/3..1 draw)")
     ap.add_argument("--no-fill", action="store_true",
                     help="probe: torch.utils.deterministic.fill_uninitialized_memory off")
+    ap.add_argument("--unpadded-dw", action="store_true",
+                    help="probe: R's weight gradients as before issue 55 (unpadded tokens axis)")
     args = ap.parse_args()
+    if args.unpadded_dw:
+        from pytest_rlkernel_matrix.workload import triton_backward
+
+        triton_backward.tokens_last = lambda x, unit: x.t().contiguous()
     if args.r_chunk:
         from pytest_rlkernel_matrix.workload import triton_kernels
 
@@ -160,7 +180,7 @@ def main() -> int:
     rows: list[dict] = []
     kern: dict = {}
     for new, prompts in lengths.items():
-        ro = rollout(cfg, new, prompts, dev)
+        ro = rollout(cfg, new, prompts, dev, args.fixed_lengths)
         max_seq = max(x.numel() for x in ro.tokens)
         model = Qwen3(cfg, w, -(-max_seq // 16) * 16)
         for side in args.sides.split(","):
@@ -193,9 +213,9 @@ def main() -> int:
                 continue
             rr, pp = got.get("R", {}), got.get("P", {})
             rv, pv = rr.get("ms_per_1k_tokens"), pp.get("ms_per_1k_tokens")
-            print(f"| {new} | {mb} | {rv and f'{rv:.1f}' or rr.get('error', '-')} | "
-                  f"{pv and f'{pv:.1f}' or pp.get('error', '-')} | "
-                  f"{rv and pv and f'{rv / pv:.2f}' or '-'} | "
+            print(f"| {new} | {mb} | {(rv and f'{rv:.1f}') or rr.get('error', '-')} | "
+                  f"{(pv and f'{pv:.1f}') or pp.get('error', '-')} | "
+                  f"{(rv and pv and f'{rv / pv:.2f}') or '-'} | "
                   f"{rr.get('peak_gib', 0):.1f} | {rr.get('alloc_retries', '-')} | "
                   f"{pp.get('peak_gib', 0):.1f} |")
     for new, mbs in prof.items():

@@ -2,9 +2,10 @@
 # Issue 55 on one GPU (one device call per stage list): R's training cost per token against the
 # micro-batch, per kernel, and probes of the suspects; the long-length decode's kernels; the
 # issue's table. Each stage's full log under $OUT. Usage: scripts/h200_i55.sh [stages]
-# stages: any of sweep,probe,decode,tests,lengths (default: sweep,probe,decode).
+# stages: any of sweep,before,probe,decode,tests,lengths (default: sweep,before,lengths).
+# The device tool runs the session's main checkout: merge first.
 set -u
-STAGES=${1:-sweep,probe,decode}
+STAGES=${1:-sweep,before,lengths}
 . "$(dirname "$0")/device_env.sh"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total \
@@ -16,6 +17,12 @@ if [[ $STAGES == *sweep* ]]; then
     --sizes "${SIZES:-160:8,16,32,44,64;1024:2,4,8,12;4096:1,2,3}" \
     --kernels "${KERNELS:-160:32,44;4096:1,2}" --tokens "${TOKENS:-17000}" \
     > "$OUT/mb.log" 2>&1; echo "[sweep] exit $?"; grep -A200 "^| new tokens" "$OUT/mb.log" | head -90
+fi
+if [[ $STAGES == *before* ]]; then  # the same sweep, R's weight gradients unpadded (before)
+  timeout ${SWEEP_TIMEOUT:-240} python3 benchmarks/profile_microbatch.py --out "$OUT/mb-before" \
+    --sides R --unpadded-dw --sizes "${SIZES:-160:8,16,32,44,64;1024:2,4,8,12;4096:1,2,3}" \
+    --kernels "${KERNELS:-160:32,44;4096:1,2}" --tokens "${TOKENS:-17000}" \
+    > "$OUT/mb-before.log" 2>&1; echo "[before] exit $?"; grep -A200 "^| new tokens" "$OUT/mb-before.log" | head -60
 fi
 if [[ $STAGES == *probe* ]]; then
   for p in "--r-chunk 1024" "--no-fill"; do
