@@ -8,9 +8,21 @@ Megatron-based RL frameworks size micro-batches by tokens (slime's dynamic batch
 - ``MICRO_BATCH_TOKENS[preset]`` tokens per micro-batch (qwen3-0.6b: 8,448 = 8 x 1,056, the
   micro-batch measured at 1,024 new tokens; 2 samples at 4,096, 44 at 160), divided by the
   padded sequence length ``max_seq``, at least 1 and at most the prompt count;
+- lowered to stay at or below a measured cliff (``CLIFFS``: a micro-batch size, in tokens, past
+  which one side's training cost per token was measured to rise) of either side;
 - lowered further when ``estimate`` says the training step would not fit the device's memory;
 - a size that cannot fit at all (one sequence's training step, or the rollout's KV cache) is a
   ``UsageError`` naming the size and what to change, raised before any weight is made.
+
+What was chosen and why goes to the run's manifest (``Choice.manifest``: the size, ``chosen_by``,
+a sentence saying why, and every cliff of the preset with whether it lowered the size).
+
+The cliff issue 55 measured (R's training cost per token 2.8x at 44 samples x 160 new tokens
+what it was at 32, on an H200) was not a token count: it came with micro-batches whose
+``samples x padded length`` is not a multiple of 16, which made R's weight-gradient products
+read unaligned rows (``triton_backward.matmul_bwd`` now pads that axis). No cliff measured on
+the current kernels is in ``CLIFFS``; a new measurement adds one here, with where it was
+measured, and the chooser keeps to its side.
 
 The memory model is an estimate, deliberately on the high side, and states its terms: the
 weights and their training state (weight, gradient, AdamW's two moments, the rollout copy, R's
@@ -30,6 +42,28 @@ from .env import UsageError
 from .model import ModelConfig, weight_names
 
 MICRO_BATCH_TOKENS = {"tiny": 320, "small": 576, "qwen3-0.6b": 8448}
+
+
+@dataclass(frozen=True)
+class Cliff:
+    """A measured rise of one side's (``R`` or ``P``) training cost per token: micro-batches of
+    more than ``above_tokens`` tokens cost ``rise`` times as much per token as one at or below
+    it, on ``device``; ``source`` says where the measurement is written down."""
+
+    preset: str
+    side: str
+    above_tokens: int
+    rise: float
+    device: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.side not in ("R", "P") or self.above_tokens < 1 or self.rise <= 1.0:
+            raise ValueError(f"cliff {self}: side R or P, above_tokens >= 1, rise > 1")
+
+
+# Measured cliffs on the current kernels (none: see the module's docstring for issue 55's).
+CLIFFS: tuple[Cliff, ...] = ()
 GIB = 2 ** 30
 # Of the device's memory, the share the estimate may plan for (the rest: allocator slack,
 # CUDA context, fragmentation, the compile's workspace).
@@ -114,17 +148,21 @@ class Choice:
     training_gib: float
     rollout_gib: float
     memory_gib: float
+    why: str = ""
+    cliffs: tuple[dict, ...] = ()
 
     def manifest(self) -> dict:
-        return {"size": self.size, "chosen_by": self.chosen_by,
+        return {"size": self.size, "chosen_by": self.chosen_by, "why": self.why,
                 "tokens_per_micro_batch": self.tokens,
                 "estimated_training_gib": self.training_gib,
-                "estimated_rollout_gib": self.rollout_gib, "memory_gib": self.memory_gib}
+                "estimated_rollout_gib": self.rollout_gib, "memory_gib": self.memory_gib,
+                "cliffs": [dict(c) for c in self.cliffs]}
 
 
 def choose(preset: str, est: Estimate, n_prompts: int, max_seq: int, memory: int,
-           asked: int | None) -> Choice:
-    """The micro-batch size (see the module's docstring); ``UsageError`` when nothing fits."""
+           asked: int | None, cliffs: tuple[Cliff, ...] | None = None) -> Choice:
+    """The micro-batch size (see the module's docstring); ``UsageError`` when nothing fits.
+    ``cliffs``: the measured cliffs to keep to (default: ``CLIFFS``)."""
     def gib(b: int) -> float:
         return round(b / GIB, 2)
 
@@ -140,6 +178,8 @@ def choose(preset: str, est: Estimate, n_prompts: int, max_seq: int, memory: int
             f"{where}; lower --max-new-tokens or --max-prompt-len, or use a device with more "
             "memory")
     fits = max(1, (memory - est.fixed) // (est.per_token * max_seq))
+    mine = [c for c in (CLIFFS if cliffs is None else cliffs) if c.preset == preset]
+    applied: set[int] = set()
     if asked is not None:
         if asked < 1:
             raise UsageError(f"--micro-batch-size must be >= 1 (got {asked})")
@@ -149,11 +189,26 @@ def choose(preset: str, est: Estimate, n_prompts: int, max_seq: int, memory: int
                 f"--micro-batch-size {asked} does not fit: {gib(need)} GiB {where}; at most "
                 f"{fits} fits, or leave --micro-batch-size out to have it chosen")
         size, by = asked, "argument"
+        why = f"--micro-batch-size {asked}"
     else:
         budget = MICRO_BATCH_TOKENS.get(preset, MICRO_BATCH_TOKENS["tiny"])
         size, by = max(1, budget // max_seq), "tokens"
+        why = f"{budget} tokens per micro-batch for {preset} // {max_seq} tokens per sample"
+        for i, c in sorted(enumerate(mine), key=lambda ic: ic[1].above_tokens):
+            if size * max_seq > c.above_tokens and size > 1:
+                size, by = max(1, c.above_tokens // max_seq), "cliff"
+                applied.add(i)
+                why += (f"; lowered to {size} to stay at or below {c.side}'s measured cliff at "
+                        f"{c.above_tokens} tokens ({c.rise}x per token past it, {c.device})")
         if size > fits:
             size, by = fits, "memory"
-        size = min(size, n_prompts)
-    return Choice(size, by, size * max_seq, gib(est.training(size * max_seq)),
-                  gib(est.rollout()), gib(memory))
+            why += f"; lowered to {fits}, the most the memory estimate fits"
+        if size > n_prompts:
+            size = n_prompts
+            why += f"; capped at the {n_prompts} prompts"
+    tokens = size * max_seq
+    record = tuple({"side": c.side, "above_tokens": c.above_tokens, "rise": c.rise,
+                    "device": c.device, "source": c.source, "applied": i in applied,
+                    "past_it": tokens > c.above_tokens} for i, c in enumerate(mine))
+    return Choice(size, by, tokens, gib(est.training(tokens)), gib(est.rollout()), gib(memory),
+                  why, record)

@@ -323,6 +323,19 @@ def _colsum(partials: Tensor, dtype: torch.dtype) -> Tensor:
     return out
 
 
+def tokens_last(x: Tensor, unit: int) -> Tensor:
+    """``x [M, C]`` as a contiguous ``[C, M']``: ``x^T`` with its row length (the reduction
+    axis of a weight gradient, the micro-batch's tokens) rounded up to ``M'``, a multiple of
+    ``unit``, the added columns zero."""
+    m, c = x.shape
+    mp = -(-m // unit) * unit
+    out = x.new_empty(c, mp)
+    if mp > m:
+        out[:, m:].zero_()
+    out[:, :m].copy_(x.t())
+    return out
+
+
 def matmul_bwd(g: Tensor, a: Tensor, w: Tensor, need_a: bool = True,
                need_w: bool = True) -> tuple[Tensor | None, Tensor | None]:
     """The backward of ``triton_kernels.matmul(a, w)``: ``dA = g W`` and ``dW = g^T A`` in the
@@ -331,10 +344,23 @@ def matmul_bwd(g: Tensor, a: Tensor, w: Tensor, need_a: bool = True,
     The operands go in as contiguous copies with the reduction axis last (``W^T``, ``g^T``,
     ``A^T``), the layout of the forward: read in place through transposed strides (contiguous
     along the tile's row axis, which the kernel's edge-row clamp likely hides from the compiler)
-    the same kernel ran about 17 times slower per product on an H200 (docs/benchmarks.md)."""
+    the same kernel ran about 17 times slower per product on an H200 (docs/benchmarks.md).
+
+    ``dW``'s reduction axis is the micro-batch's tokens, ``M = samples x padded length``, any
+    number: ``g^T`` and ``A^T`` are laid out with their rows padded with zeros to a multiple of
+    the matmul's ``BLOCK_K`` (``tokens_last``). Unpadded, an ``M`` that is not a multiple of 16
+    makes every row stride of both operands one Triton cannot prove 16-byte aligned (no
+    vectorised loads) and the K loop a masked one: on an H100 R's training cost per token went
+    from 23.9 to 48.9 ms per 1,000 tokens at 8,448 tokens per micro-batch when the padded
+    lengths stopped being multiples of 16 (issue 55, docs/benchmarks.md). The padded product is
+    the same bits: the masked loads of the last K block read zeros there too (``other=0.0``),
+    and every K block before it is the same, in the same order."""
     g = g.to(a.dtype)
     da = fwd.matmul(g, w.t().contiguous(), a.dtype) if need_a else None
-    dw = fwd.matmul(g.t().contiguous(), a.t().contiguous(), w.dtype) if need_w else None
+    dw = None
+    if need_w:
+        unit = fwd.matmul_config(a.dtype, bool(torch.version.hip)).block_k
+        dw = fwd.matmul(tokens_last(g, unit), tokens_last(a, unit), w.dtype)
     return da, dw
 
 

@@ -93,3 +93,47 @@ def test_job_fails_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "[rlk-reference] error:" in err and "does not fit" in err
     assert "4 prompts x 4032 tokens" in err and "--max-new-tokens" in err
     assert not (tmp_path / "manifest.json").exists()  # nothing was started
+
+
+def _cliff(side: str, above: int, rise: float = 2.8) -> budget.Cliff:
+    return budget.Cliff("qwen3-0.6b", side, above, rise, "test device", "tests/workload")
+
+
+def test_chooser_keeps_to_the_safe_side_of_a_measured_cliff_and_says_why() -> None:
+    est = _est(448, 192)
+    cliffs = (_cliff("P", 20000), _cliff("R", 6144))
+    c = budget.choose("qwen3-0.6b", est, 448, 192, H200, None, cliffs)
+    assert (c.size, c.chosen_by, c.tokens) == (32, "cliff", 6144)  # 44 x 192 = 8,448 > 6,144
+    rec = c.manifest()
+    assert [x["applied"] for x in rec["cliffs"]] == [False, True]
+    assert not any(x["past_it"] for x in rec["cliffs"])
+    assert "R's measured cliff at 6144 tokens" in rec["why"] and "8448 tokens" in rec["why"]
+    for new, prompts in ((160, 448), (1024, 128), (4096, 32)):  # never past one, any length
+        max_seq = -(-(32 + new) // 16) * 16
+        for side in ("R", "P"):
+            got = budget.choose("qwen3-0.6b", _est(prompts, max_seq), prompts, max_seq, H200,
+                                None, (_cliff(side, 5000),))
+            assert got.tokens <= 5000 or got.size == 1, (new, side, got)
+
+
+def test_cliffs_of_other_presets_and_an_asked_size_past_one_are_recorded_not_applied() -> None:
+    est = _est(448, 192)
+    other = budget.Cliff("small", "R", 100, 3.0, "test device", "tests/workload")
+    c = budget.choose("qwen3-0.6b", est, 448, 192, H200, None, (other,))
+    assert (c.size, c.chosen_by, c.manifest()["cliffs"]) == (44, "tokens", [])
+    asked = budget.choose("qwen3-0.6b", est, 448, 192, H200, 44, (_cliff("R", 6144),))
+    assert (asked.size, asked.chosen_by) == (44, "argument")
+    rec = asked.manifest()["cliffs"][0]
+    assert (rec["applied"], rec["past_it"]) == (False, True)  # the user's size, said to be past
+    with pytest.raises(ValueError, match="side R or P"):
+        budget.Cliff("qwen3-0.6b", "Q", 100, 2.0, "d", "s")
+    with pytest.raises(ValueError, match="rise > 1"):
+        _cliff("R", 100, 0.9)
+
+
+def test_no_cliff_is_recorded_for_the_current_kernels() -> None:
+    """Issue 55's cliff was the weight gradients' unaligned token axis (fixed in
+    triton_backward.matmul_bwd), not a token count: the table holds nothing measured since."""
+    assert budget.CLIFFS == ()
+    c = budget.choose("qwen3-0.6b", _est(448, 192), 448, 192, H200, None)
+    assert c.manifest()["why"].startswith("8448 tokens per micro-batch for qwen3-0.6b")

@@ -198,6 +198,26 @@ def test_triton_backward_rows_batch_invariant() -> None:
             assert same(p, f[ix]), sel
 
 
+@pytest.mark.gpu
+@needs_kernels
+def test_weight_gradient_over_padded_tokens_is_the_unpadded_bits() -> None:
+    """``dW = g^T A`` over a token count that is not a multiple of 16 or of ``BLOCK_K``: the
+    tokens axis padded with zeros (aligned rows, an unmasked K loop, issue 55) gives the bits of
+    the product over the unpadded, masked operands, whatever the count."""
+    from pytest_rlkernel_matrix.workload import triton_kernels as tk
+
+    unit = tk.matmul_config(DT, bool(torch.version.hip)).block_k
+    w = rnd(INTER, H, seed=2, scale=0.05)
+    for m in (1, 7, unit - 1, unit, unit + 5, 3 * unit + 17):
+        a, g = rnd(m, H, seed=1), rnd(m, INTER, seed=3)
+        padded = tb().tokens_last(a, unit)
+        assert padded.shape == (H, -(-m // unit) * unit) and padded.is_contiguous()
+        assert torch.equal(padded[:, :m], a.t()) and not padded[:, m:].any()
+        got = tb().matmul_bwd(g, a, w, need_a=False)[1]
+        want = tk.matmul(g.t().contiguous(), a.t().contiguous(), w.dtype)  # before issue 55
+        assert got is not None and torch.equal(got, want), m
+
+
 def test_backward_kernels_hold_no_atomics() -> None:
     src = (Path(__file__).resolve().parents[2] / "pytest_rlkernel_matrix" / "workload" /
            "triton_backward.py").read_text()
@@ -214,4 +234,4 @@ def test_interpreter_subprocess() -> None:
                         __file__], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"{len(CASES) + 2} passed" in r.stdout
+    assert f"{len(CASES) + 3} passed" in r.stdout
