@@ -156,7 +156,9 @@ def _matrix_cell(c: Mapping[str, Any], anchor: str) -> View:
     if active is not None and bits is not None and bits != c.get("mismatch_count"):
         mism += f" ({_fmt(bits)} in bytes)"
     # the performance judgement is the timings mark, not a flag beside the verdict
-    not_judged = [(name, result) for name, result, _ in _not_judged(c) if name != "performance"]
+    # a claim nobody made (not the baseline's) is no flag either
+    not_judged = [(name, result) for name, result, _ in _not_judged(c)
+                  if name != "performance" and result != "not claimed"]
     return {"anchor": anchor, "verdict": "" if verdict is None else str(verdict),
             "word": str(verdict or "none"), "vcls": _verdict_class(verdict),
             "drift": drift_class(c), "tags": tags, "mismatch": mism,
@@ -200,7 +202,7 @@ def _glance(cells: Sequence[Mapping[str, Any]], ids: Sequence[str]) -> list[View
         found = [("not valid", str(r)) for r in _list(c.get("reasons"))] \
             if c.get("verdict") not in ("valid", None) else []
         found += [("timings not usable" if name == "performance" else f"{name} {result}", r)
-                  for name, result, r in _not_judged(c)]
+                  for name, result, r in _not_judged(c) if result != "not claimed"]
         labels: dict[str, list[str]] = {}  # each reason once, with every label it carries
         for what, reason in found:
             labels.setdefault(reason, [])

@@ -280,8 +280,10 @@ def _not_judged(c: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         valid = j.get("valid")
         if valid is True:
             continue
-        result = "invalid" if valid is False else "not judged"
         reasons = [str(r) for r in _list(j.get("reasons"))] or ["(no reason recorded)"]
+        result = "invalid" if valid is False else "not judged"
+        if valid is None and all(r.startswith("not claimed") for r in reasons):
+            result = "not claimed"  # a claim nobody made for this cell (not the baseline's)
         out += [(name, result, r) for r in reasons]
     return out
 
