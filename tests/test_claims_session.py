@@ -173,7 +173,7 @@ def test_claims_are_not_claimed_outside_the_baseline(tmp_path: Path) -> None:
     k = CellKit(tmp_path)
     k.write()
     rep = read_reproducibility(k.dir, None)
-    base, base_claims, _ = judge_reproducibility(rep, baseline=True)
+    _, base_claims, _ = judge_reproducibility(rep, baseline=True)
     other, claims, steps = judge_reproducibility(rep, baseline=False)
     assert {c["status"] for c in base_claims.values()} != {"not claimed"}
     assert {n: c["status"] for n, c in claims.items()} == dict.fromkeys(
