@@ -303,7 +303,8 @@ def _performance(report: Mapping[str, Any]) -> View | None:
                       "line": str(m.get("line") or ""),
                       "statements": _table(("R on side", "phase", "statement", "in words"),
                                            rows),
-                      "phases": _table(("cell", "rollout", "training", "weight sync", "step"),
+                      "phases": _table(("cell", "steady rollout", "steady training",
+                                             "steady weight sync", "steady step"),
                                        prow)})
     intro = (f"Every ratio reads {perf.get('direction')}. Statements: {perf.get('method')} "
              f"({perf.get('family')} statements, "
@@ -324,8 +325,15 @@ def _routes(c: Mapping[str, Any]) -> View:
         for k, side in enumerate(SIDES):
             r = entry.get(side)
             want = letters[k] if k < len(letters) else ""
+            if entry.get("unfinished"):  # a run that did not finish: its state, never a side
+                seen = (_fmt(r.get("ran") or r.get("implementation"))
+                        if isinstance(r, Mapping) else "nothing")
+                rows.append([_t(module, "b"), requested, side,
+                             _t(f"{entry['unfinished']} (reported before it stopped: {seen})",
+                                "na"), "-", "-", "-", "-", "-"])
+                continue
             if not isinstance(r, Mapping):
-                rows.append([_t(module, "b"), requested, side, _t("unreported", "no"),
+                rows.append([_t(module, "b"), requested, side, _t("not reported", "no"),
                              "-", "-", "-", "-", "-"])
                 continue
             impl = r.get("ran") or r.get("implementation")  # what ran (readback + route line)

@@ -357,14 +357,14 @@ def phases_view(record: Mapping[str, Any]) -> View | None:
         if v is not None:
             bw = max(scale * max(v, 0.0), 1.0)
             lo, hi, n = _num(sp.get("min")), _num(sp.get("max")), sp.get("n")
-            tip = f"{label}: median {_fmt_s(v)}"
+            tip = f"{label}: {_fmt_s(v)} in the median step"  # one account (record.py)
             share = _num(record.get("unattributed_share"))
             if label == "unattributed" and share is not None:
                 tip += f" ({share:.0%} of the step, in no phase)"
             end = left + bw
             whisker = None
             if lo is not None and hi is not None:
-                tip += f", min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
+                tip += f"; over the steps min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
                 x0, x1 = left + scale * max(lo, 0.0), left + scale * max(hi, 0.0)
                 end = max(end, x1)
                 whisker = {"x0": _f1(x0), "x1": _f1(x1), "mid": _f1(y + 3 + (row - 7) / 2),

@@ -159,6 +159,31 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     return out
 
 
+def unfinished_word(run: Any) -> str | None:
+    """`interrupted` / `timed out` / `not started` for a run that did not finish, else None."""
+    if getattr(run, "interrupted", False):
+        return "interrupted"
+    if getattr(run, "timed_out", False):
+        return "timed out"
+    if getattr(run, "launch_error", None):
+        return "not started"
+    return None
+
+
+def unfinished_routes(fields: dict[str, Any], run: Any) -> dict[str, Any]:
+    """Routes as they ran (issue 53): a run that did not finish shows its state on both sides
+    (`interrupted`), never a side it did not run to the end (its partial log could read as a
+    fallback). What it reported before it stopped stays in `routes`, marked `unfinished`."""
+    word = unfinished_word(run)
+    if word is None:
+        return fields
+    for side in SIDES:
+        fields[f"actual_{side}_implementation"] = word
+    for entry in fields.get("routes", {}).values():
+        entry["unfinished"] = word
+    return fields
+
+
 def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     """What the record says about RL-Kernel's own artifact forms (docs/en/conformance.md)."""
     from pytest_rlkernel_matrix.judge.read.upstream import bitwise_validation_status, route_form
@@ -355,11 +380,17 @@ def build_record(
 ) -> dict[str, Any]:
     from pytest_rlkernel_matrix.judge.numeric.judge import contract_id
     from pytest_rlkernel_matrix.judge.performance.phases import phases as phases_of
+    from pytest_rlkernel_matrix.judge.performance.phases import step_account
     from pytest_rlkernel_matrix.judge.read.metrics import FIGURE_CONVENTION
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 
     metrics = ev.metrics.as_dict() if ev.metrics else {}
     phases, spread = phases_of(ev.log, int(meta.get("warmup", 0)))
+    # One account of the cell's time: the phase columns and the step are one step's (the median
+    # one), so they add up; without a complete step the columns stay per-phase medians and the
+    # record says they are no account (`step_account` null).
+    account = step_account(ev.log, int(meta.get("warmup", 0)))
+    phases = {**phases, **(account or {"step_account": None})}
     record: dict[str, Any] = {
         "hardware": cell.hardware,
         "module": cell.module,
@@ -381,7 +412,7 @@ def build_record(
         "validity": {k: {"valid": j.valid, "reasons": j.reasons}
                      for k, j in decision.judgements.items()},
         "performance_usable": decision.performance_usable,
-        **_route_fields(cell, ev),
+        **unfinished_routes(_route_fields(cell, ev), run),
         "contract_id": contract_id(ev),
         "contract": decision.contract,
         "contract_judged": decision.contract.get("kind") in ("bitwise", "tolerance"),
@@ -492,7 +523,9 @@ def interrupted_record(cell: Cell, mode: str, artifact_dir: str, run_id: str) ->
     record = not_run_record(
         cell, mode, "interrupted: the session stopped before this cell's run "
         "was recorded (its processes were killed)", "error")
-    record.update(artifact_dir=artifact_dir, failed=True, run_id=run_id)
+    record.update(artifact_dir=artifact_dir, failed=True, run_id=run_id,
+                  actual_training_implementation="interrupted",
+                  actual_rollout_implementation="interrupted")
     return record
 
 
