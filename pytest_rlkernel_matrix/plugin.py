@@ -330,7 +330,13 @@ def _progress_printer(config: pytest.Config) -> Any:
             # so `write_line`'s own newline check does not see them.
             if writer.width_of_current_line:
                 writer.line()
+            # The line is ended here: pytest must neither end it again (a blank line) nor, at
+            # the next result, start a new row with the file's name again (`matrix.toml` every
+            # 30 s, issue 53); its dots go on in a row of their own after this line.
+            where = getattr(reporter, "currentfspath", None)
+            reporter.currentfspath = None
             reporter.write_line(text)
+            reporter.currentfspath = where
 
         if capman is not None:
             with capman.global_and_fixture_disabled():
