@@ -73,3 +73,19 @@ def test_the_html_shows_the_interrupted_route(tmp_path: Path) -> None:
     report = {"schema": "rlk-matrix.report.v1", "cells": [rec], "matrix": {}}
     html = render_html(json.loads(json.dumps(report, default=str)))
     assert "interrupted (reported before it stopped:" in html
+
+
+def test_a_read_only_cell_directory_is_a_clear_error() -> None:
+    """Issue 53: an OSError writing a cell's files names the path and the reason, not
+    'internal error' (as root no permission can be taken away here, so the error is built)."""
+    import errno
+
+    from pytest_rlkernel_matrix.report.record import os_error_record
+
+    exc = PermissionError(errno.EACCES, "Permission denied", "/m/cpu/attention-rr/readbacks")
+    rec = os_error_record(cell_of("attention", "R/R"), "audit", exc)
+    assert rec["verdict"] == "error" and rec["failed"] is True
+    (reason,) = rec["reasons"]
+    assert reason.startswith("cannot use the cell's files: /m/cpu/attention-rr/readbacks: "
+                             "Permission denied (PermissionError)")
+    assert "internal error" not in reason

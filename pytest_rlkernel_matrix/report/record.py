@@ -529,6 +529,20 @@ def interrupted_record(cell: Cell, mode: str, artifact_dir: str, run_id: str) ->
     return record
 
 
+def os_error_record(cell: Cell, mode: str, exc: OSError) -> dict[str, Any]:
+    """A cell whose run directory (or a file in it) could not be written or read: `error`,
+    failed, naming the path and the system's reason (a read-only cell directory is the matrix
+    root's permissions, not the plugin's internal error)."""
+    where = exc.filename or "its run directory"
+    if exc.filename2:
+        where = f"{where} -> {exc.filename2}"
+    record = not_run_record(
+        cell, mode, f"cannot use the cell's files: {where}: {exc.strerror or exc} "
+        f"({type(exc).__name__}); check the matrix root's permissions and free space", "error")
+    record["failed"] = True
+    return record
+
+
 def internal_error_record(cell: Cell, mode: str, exc: BaseException) -> dict[str, Any]:
     """A cell whose run raised inside the plugin: `error`, failed, the session goes on."""
     record = not_run_record(cell, mode,
