@@ -344,7 +344,11 @@ def forest(perf: Mapping[str, Any], modules: Sequence[Mapping[str, Any]]) -> Vie
             "title": f"{r['label']}: {r['kind']}, ratio {_ratio_text(r['ratio'])}"
                      + (f" [{_ratio_text(r['low'])}, {_ratio_text(r['high'])}]"
                         if r["low"] and r["high"] else " (no interval)")})
-    ticks = sorted({1.0, *(band or ()), min(values), max(values)})
+    ticks: list[float] = []
+    for t in (1.0, min(values), max(values), *(band or ())):  # 1 first; labels never overlap
+        if all(abs(px(t) - px(k)) >= 30 for k in ticks):
+            ticks.append(t)
+    ticks.sort()
     axis_y = top + row * len(rows) + 4
     drill = _map(perf.get("drill"))
     return {"w": w, "h": h, "left": left, "top": top - 6, "bottom": axis_y,
