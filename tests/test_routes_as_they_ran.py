@@ -27,6 +27,11 @@ def test_an_interrupted_run_shows_interrupted_on_both_sides(tmp_path: Path) -> N
         assert route_shown(rec, side) == "interrupted"
     assert all(e["unfinished"] == "interrupted" for e in rec["routes"].values())
     assert "production (requested" not in "\n".join(table([rec]))
+    # the record as the session reports it under each cell naming the run (alias_record)
+    from pytest_rlkernel_matrix.report.record import alias_record
+
+    alias = alias_record(rec, cell_of("attention", "R/R"))
+    assert route_shown(alias, "training") == route_shown(alias, "rollout") == "interrupted"
 
 
 def test_a_timed_out_run_and_the_interrupted_record(tmp_path: Path) -> None:

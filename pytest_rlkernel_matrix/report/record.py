@@ -475,10 +475,11 @@ def _alias_routes(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     if cell.module not in ALL_MODULES or cell.module not in routes:
         return {}
     out: dict[str, Any] = {}
+    unfinished = routes[cell.module].get("unfinished")  # a run that did not finish: its state
     for side in SIDES:
         r = routes[cell.module].get(side)
-        out[f"actual_{side}_implementation"] = (r.get("ran") or r["implementation"]) if r \
-            else "unreported"
+        out[f"actual_{side}_implementation"] = unfinished or (
+            (r.get("ran") or r["implementation"]) if r else "unreported")
         out[f"requested_{side}_implementation"] = (
             "rl_kernel" if cell.cases.side(cell.module, side) == "R" else "production")
         out[f"{side}_backend_id"] = ",".join(r["backend_ids"]) if r else "unreported"
