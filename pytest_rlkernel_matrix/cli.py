@@ -631,7 +631,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `rlk-matrix table | head`: the reader has what it wanted. Point stdout at devnull so
+        # the interpreter's final flush does not raise again; exit as a piped tool does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, as the shell reports a tool stopped by its reader
+    return code
 
 
 if __name__ == "__main__":

@@ -44,6 +44,10 @@ def rlk_matrix_cell(
 
     try:
         record = session.run_cell(rlk_cell, mode=rlk_mode, env_hook=env_hook)
+    except OSError as exc:  # a read-only or full cell directory: said as such (issue 53)
+        from pytest_rlkernel_matrix.report.record import os_error_record
+
+        record = os_error_record(rlk_cell, rlk_mode, exc)
     except Exception as exc:  # one broken cell is an `error` record, never a lost session
         from pytest_rlkernel_matrix.report.record import internal_error_record
 

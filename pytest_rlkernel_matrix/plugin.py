@@ -6,6 +6,7 @@ no torch, vllm or megatron; the matrix is only loaded when a matrix file is bein
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -235,6 +236,7 @@ def pytest_configure(config: pytest.Config) -> None:
             if not dry:
                 session.write_json(root / PREFLIGHT_FILE, data)
                 session.selection = core.selection(config, session)
+                session.forget_root = _forgetter(root, undo)
         except BaseException:
             undo()  # a usage error (or worse) before the session began leaves nothing behind
             raise
@@ -253,6 +255,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
     pytest_html.install(config)
     json_report.install(config)
+
+
+def _forgetter(root: Path, undo: Callable[[], None]) -> Callable[[], None]:
+    """What a session that ran no cell leaves of its root: nothing (its preflight.json, which
+    did not exist before it, then the root lock's own undo)."""
+
+    def forget() -> None:
+        with contextlib.suppress(OSError):
+            (root / PREFLIGHT_FILE).unlink()
+        undo()
+
+    return forget
 
 
 def _take_signals(config: pytest.Config, session: MatrixSession, controller: bool) -> None:
@@ -316,7 +330,13 @@ def _progress_printer(config: pytest.Config) -> Any:
             # so `write_line`'s own newline check does not see them.
             if writer.width_of_current_line:
                 writer.line()
+            # The line is ended here: pytest must neither end it again (a blank line) nor, at
+            # the next result, start a new row with the file's name again (`matrix.toml` every
+            # 30 s, issue 53); its dots go on in a row of their own after this line.
+            where = getattr(reporter, "currentfspath", None)
+            reporter.currentfspath = None
             reporter.write_line(text)
+            reporter.currentfspath = where
 
         if capman is not None:
             with capman.global_and_fixture_disabled():
@@ -588,6 +608,16 @@ class MatrixHooks:
                     f"{', '.join(map(str, left[:20]))}")
             before = set(ms.records)
             ms.recover_records()
+            if not ms.records and not ms.interrupted and ms.forget_root is not None:
+                # No cell selected (a -k, -m or --lf that matches none): no report, no root,
+                # and no later session records this one as the root it reran (issue 53).
+                ms.forget_root()
+                self.config.get_terminal_writer().line(
+                    "rlk: no matrix cell selected"
+                    + (f" ({', '.join(ms.selection['by'])})" if ms.selection
+                       and ms.selection.get("by") else "")
+                    + f": nothing run, no matrix root written ({ms.root} removed)")
+                return
             from pytest_rlkernel_matrix.extra_runs import refresh
 
             refresh(ms)  # the measured runs ran after the items reported

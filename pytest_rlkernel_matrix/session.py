@@ -120,6 +120,9 @@ class MatrixSession:
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     expected_cells: int = 0
     selection: dict[str, Any] | None = None  # report.rerun.apply_selection (set by the plugin)
+    # Undoes what the session wrote into its root before any cell ran (a selection of no cell
+    # writes no root: issue 53); set by the plugin, None where nothing is to be undone.
+    forget_root: Any = None
     interrupted: bool = False
     progress: Callable[[Cell, float, str], None] | None = None
     progress_every: float = 30.0

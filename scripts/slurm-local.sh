@@ -3,7 +3,8 @@
 #
 #   scripts/slurm-local.sh start    write slurm.conf + munge key if needed, start munged,
 #                                   slurmctld, slurmd; wait until `sinfo` shows the node idle
-#   scripts/slurm-local.sh stop     stop the daemons this script started (by their pid files)
+#   scripts/slurm-local.sh stop     stop the daemons this script started (by their pid files),
+#                                   then remove every file and folder `start` created
 #   scripts/slurm-local.sh status   say whether the cluster answers
 #   scripts/slurm-local.sh config   print the slurm.conf `start` would write; start or write nothing
 #
@@ -11,6 +12,11 @@
 # (`apt-get install -y slurm-wlm munge`) and root (slurmd runs jobs as their user).
 # The config is written to $SLURM_CONF (default /etc/slurm/slurm.conf) only when that file is
 # absent or was written by this script; a site's own slurm.conf is never touched.
+# `start` leaves the machine restorable: before it touches anything it lists what already exists
+# under the paths it may write ($TOUCHED, into $MANIFEST), and `stop` removes whatever is there
+# beyond that list, so slurm.conf, the munge key, munged's socket and seed and the state and log
+# folders go again. A munged that was already running is left running; a munge key that already
+# existed keeps its owner and mode.
 # No slurmdbd: job states come from `scontrol show job` (MinJobAge keeps finished jobs known).
 # The node gets the CPUs this process may run on (RLK_SLURM_CPUS overrides), never a count cut
 # down by OMP_NUM_THREADS / OMP_THREAD_LIMIT, which `nproc` honours (tests/conftest.py sets
@@ -22,6 +28,11 @@ CONF="${SLURM_CONF:-/etc/slurm/slurm.conf}"
 STATE="${RLK_SLURM_STATE:-/var/lib/rlk-slurm}"
 MARK="# written by pytest-rlkernel-matrix scripts/slurm-local.sh"
 WAIT_S="${RLK_SLURM_WAIT_S:-60}"
+MANIFEST="${RLK_SLURM_MANIFEST:-/run/rlk-slurm-local.manifest}"
+# every path `start` (or the daemons it starts) may create files under
+TOUCHED=("$(dirname "$CONF")" /etc/munge /run/munge /var/log/munge /var/lib/munge "$STATE"
+         /run/slurm /run/slurmctld.pid /run/slurmd.pid /var/spool/slurmd /var/spool/slurmctld
+         /var/log/slurm)
 
 die() { echo "slurm-local: $*" >&2; exit 1; }
 
@@ -101,9 +112,37 @@ munge_key() {
   if [ ! -s /etc/munge/munge.key ]; then
     mkdir -p /etc/munge
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
+    chown munge:munge /etc/munge/munge.key 2>/dev/null || true
+    chmod 400 /etc/munge/munge.key
   fi
-  chown munge:munge /etc/munge/munge.key 2>/dev/null || true
-  chmod 400 /etc/munge/munge.key
+}
+
+# What exists before `start`: one line per path (find -print0 would be exact; these are system
+# folders without newlines in names). Written once: a second `start` keeps the first list.
+record_manifest() {
+  [ -e "$MANIFEST" ] && return
+  local tmp="$MANIFEST.tmp"
+  : >"$tmp"
+  for path in "${TOUCHED[@]}"; do
+    [ -e "$path" ] && find "$path" -xdev >>"$tmp" 2>/dev/null
+  done
+  pgrep -x munged >/dev/null 2>&1 && echo "#munged-was-running" >>"$tmp"
+  mv "$tmp" "$MANIFEST"
+}
+
+# Remove what is under $TOUCHED now and was not in the manifest (deepest paths first).
+restore_manifest() {
+  [ -e "$MANIFEST" ] || return 0
+  local path
+  for top in "${TOUCHED[@]}"; do
+    [ -e "$top" ] || continue
+    find "$top" -xdev -depth 2>/dev/null | while IFS= read -r path; do
+      grep -qxF -- "$path" "$MANIFEST" && continue
+      if [ -d "$path" ] && [ ! -L "$path" ]; then rmdir -- "$path" 2>/dev/null || true
+      else rm -f -- "$path"; fi
+    done
+  done
+  rm -f "$MANIFEST"
 }
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -130,6 +169,7 @@ node_state() { sinfo -h -N -o '%T' 2>/dev/null | head -1; }
 
 start() {
   need
+  record_manifest
   write_conf
   munge_key
   start_munge
@@ -150,16 +190,29 @@ start() {
 }
 
 stop() {
-  for pidfile in "$STATE/slurmd.pid" "$STATE/slurmctld.pid" /run/munge/munged.pid; do
+  local pidfiles=("$STATE/slurmd.pid" "$STATE/slurmctld.pid")
+  # munged only where this script started it (a site's running munged is left alone)
+  if [ -e "$MANIFEST" ] && ! grep -qxF "#munged-was-running" "$MANIFEST"; then
+    pidfiles+=(/run/munge/munged.pid)
+  fi
+  for pidfile in "${pidfiles[@]}"; do
     if alive "$pidfile"; then
       kill "$(cat "$pidfile")"
     fi
   done
-  for _ in $(seq 50); do
-    alive "$STATE/slurmd.pid" || alive "$STATE/slurmctld.pid" || { echo "slurm-local: stopped"; return 0; }
+  local stopped=""
+  for _ in $(seq 100); do
+    still=""
+    for pidfile in "${pidfiles[@]}"; do alive "$pidfile" && still=1; done
+    [ -z "$still" ] && { stopped=1; break; }
     sleep 0.1
   done
-  echo "slurm-local: daemons still stopping" >&2
+  if [ -z "$stopped" ]; then
+    echo "slurm-local: daemons still stopping; files left in place" >&2
+    return 1
+  fi
+  restore_manifest
+  echo "slurm-local: stopped"
 }
 
 status() {

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -68,18 +69,37 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="also run the tests marked slow (long multi-rank matrices)")
+    parser.addoption("--run-slurm", action="store_true", default=False,
+                     help="also run the tests marked slurm: they start a single-node Slurm on "
+                          f"this host (root; stopped again at the end). Or set {SLURM_OPT_IN}=1")
+
+
+# The local-Slurm tests (tests/test_slurm.py) start daemons and write system files
+# (/etc/slurm/slurm.conf, a munge key): opt-in only, by --run-slurm or this variable.
+SLURM_OPT_IN = "RLK_SLURM_TESTS"
+# Set by the controlling pytest process (xdist workers inherit it): the folder where the worker
+# that started the local Slurm leaves a note, so the controller stops it at the very end.
+SLURM_SESSION_DIR = "RLK_SLURM_SESSION_DIR"
+
+
+def slurm_opted_in(config: pytest.Config) -> bool:
+    return bool(config.getoption("--run-slurm")) or os.environ.get(SLURM_OPT_IN, "") == "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--run-slow"):
-        return
+    skip_slurm = pytest.mark.skip(
+        reason=f"slurm: starts a local Slurm on this host; pass --run-slurm or {SLURM_OPT_IN}=1")
+    slurm = slurm_opted_in(config)
     skip = pytest.mark.skip(reason="slow: pass --run-slow to run it")
     for item in items:
-        if "slow" in item.keywords:
+        if "slurm" in item.keywords and not slurm:
+            item.add_marker(skip_slurm)
+        if "slow" in item.keywords and not config.getoption("--run-slow"):
             item.add_marker(skip)
 
 
 _PYCACHE = pytest.StashKey[str]()
+_SLURM_NOTES = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -97,9 +117,33 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_PYCACHE] = prefix
         os.environ.pop("PYTHONDONTWRITEBYTECODE")
         os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    if not os.environ.get("PYTEST_XDIST_WORKER") and slurm_opted_in(config):
+        note_dir = tempfile.mkdtemp(prefix="rlk-slurm-session-")
+        config.stash[_SLURM_NOTES] = note_dir
+        os.environ[SLURM_SESSION_DIR] = note_dir
+
+
+def _stop_local_slurm(note_dir: str) -> None:
+    """The controller, at the very end: a local Slurm some worker started (its note says so) is
+    stopped by the script that started it, which also removes what it created."""
+    note = Path(note_dir) / "started"
+    try:
+        if note.exists():
+            script = Path(__file__).resolve().parents[1] / "scripts" / "slurm-local.sh"
+            proc = subprocess.run([str(script), "stop"], capture_output=True, text=True,
+                                  timeout=120, check=False)
+            if proc.returncode != 0:
+                sys.stderr.write("rlk tests: stopping the local Slurm failed: "
+                                 + (proc.stderr or proc.stdout)[-400:] + "\n")
+    finally:
+        os.environ.pop(SLURM_SESSION_DIR, None)
+        shutil.rmtree(note_dir, ignore_errors=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    note_dir = config.stash.get(_SLURM_NOTES, None)
+    if note_dir is not None:
+        _stop_local_slurm(note_dir)
     prefix = config.stash.get(_PYCACHE, None)
     if prefix is not None:
         os.environ.pop("PYTHONPYCACHEPREFIX", None)

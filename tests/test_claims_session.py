@@ -71,10 +71,12 @@ def test_runs_twice_and_the_three_claims_hold(pytester: pytest.Pytester,
     assert [s["step"] for s in rr["steps"]["series"]] == [0, 1, 2]
     assert sorted(rr["steps"]["weight_chain"]) == ["0", "1", "2"]
     assert rr["steps"]["trend"]["conclusion"] == "flat"
-    # the chosen P/R cell ran twice too; its drift is reported, not declared: still valid
+    # the chosen P/R cell ran twice too: run-to-run is judged (its repeat was asked for); the
+    # baseline's claims are not claimed for it (issue 53), so no red "fails": still valid
     assert pr["verdict"] == "valid"
-    assert _status(pr) == {"train_rollout_bitwise": "fails", "run_to_run_bitwise": "holds",
-                           "weights_bitwise": "holds"}
+    assert _status(pr) == {"train_rollout_bitwise": "not claimed", "run_to_run_bitwise": "holds",
+                           "weights_bitwise": "not claimed"}
+    assert pr["validity"]["reproducibility"]["valid"] is True
     for cell in (rr, pr):
         first = root / cell["artifact_dir"]
         assert (first.parent / f"{first.name}.repeat2" / "mismatch-sidecars").is_dir()
@@ -86,8 +88,8 @@ def test_runs_twice_and_the_three_claims_hold(pytester: pytest.Pytester,
            "across 2 runs); weights bitwise holds (v0..v2, 3 versions); drift over steps: " \
            "flat (every step the same)" in out
     line = next(x for x in out.splitlines() if x.startswith("claims cpu attention P/R:"))
-    assert "train/rollout bitwise FAILS (first non-bitwise step 0:" in line
-    assert "run-to-run bitwise holds" in line
+    assert "train/rollout bitwise not claimed (reproducibility claims are the all-R " in line
+    assert "FAILS" not in line and "run-to-run bitwise holds" in line
     html = (root / "matrix-report.html").read_text()
     assert html.count('<svg class="steps"') == 2 and "reproducibility claims" in html
     assert "every step bitwise</p>" in html and "first non-bitwise step 0</title>" in html
@@ -155,3 +157,33 @@ def test_repeat_cells_must_name_cells_of_the_matrix(tmp_path: Path) -> None:
     assert chosen.chooses(["attention[P/R]"], baseline=False)
     assert chosen.chooses(["ffn[R/R]"], baseline=True)
     assert not chosen.chooses(["ffn[P/R]"], baseline=False)
+
+
+def test_claims_are_not_claimed_outside_the_baseline(tmp_path: Path) -> None:
+    """Issue 53: P/R, R/P and P/P cells claim no train/rollout or weights bitwise-ness: their
+    claims are `not claimed` (never a red 'fails'), the reproducibility judgement is neither
+    valid nor invalid, and the HTML shows no 'reproducibility invalid' for them."""
+    from cellkit import CellKit
+
+    from pytest_rlkernel_matrix.judge.read.steps import read_reproducibility
+    from pytest_rlkernel_matrix.judge.reproducibility.judge import judge_reproducibility
+    from pytest_rlkernel_matrix.report.claims import claim_phrase
+    from pytest_rlkernel_matrix.report.html_parts import _not_judged
+
+    k = CellKit(tmp_path)
+    k.write()
+    rep = read_reproducibility(k.dir, None)
+    _, base_claims, _ = judge_reproducibility(rep, baseline=True)
+    other, claims, steps = judge_reproducibility(rep, baseline=False)
+    assert {c["status"] for c in base_claims.values()} != {"not claimed"}
+    assert {n: c["status"] for n, c in claims.items()} == dict.fromkeys(
+        ("train_rollout_bitwise", "run_to_run_bitwise", "weights_bitwise"), "not claimed")
+    assert other.valid is None and [f.severity for f in other.findings] == ["note"]
+    assert steps  # the drift-over-steps data is still the cell's
+    phrase = claim_phrase("train_rollout_bitwise", claims["train_rollout_bitwise"], {})
+    assert phrase == ("train/rollout bitwise not claimed (reproducibility claims are the all-R "
+                      "baseline's)")
+    record = {"validity": {"reproducibility": {"valid": other.valid, "reasons": other.reasons}}}
+    assert _not_judged(record) == [("reproducibility", "not claimed",
+                                    "not claimed: reproducibility claims are the all-R "
+                                    "baseline's")]

@@ -425,3 +425,18 @@ def test_readme_lists_every_marker() -> None:
     for line in MARKERS:
         name = line.split(":")[0].split("(")[0]
         assert f"`{name}" in section, name
+
+
+def test_index_numbers_once_and_docs_index_lists_every_page() -> None:
+    """Issue 53: docs/en|zh/index.md number each section once, in order; docs/index.md links
+    every page of both manuals."""
+    import re
+
+    listing = (DOCS / "index.md").read_text(encoding="utf-8")
+    for lang in ("en", "zh"):
+        body = (DOCS / lang / "index.md").read_text(encoding="utf-8")
+        numbers = [int(n) for n in re.findall(r"(?m)^(\d+)\. \[", body)]
+        assert numbers == list(range(1, len(numbers) + 1)), (lang, numbers)
+        for page in sorted((DOCS / lang).glob("*.md")):
+            if page.name != "index.md":
+                assert f"({lang}/{page.name})" in listing, f"docs/index.md: {lang}/{page.name}"

@@ -70,7 +70,8 @@ def test_planted_rollout_slowdown_is_named_with_its_side_phase_and_interval(
     assert rr["rollout_wall_time"]["low"] <= rr["rollout_wall_time"]["median"] \
         <= rr["rollout_wall_time"]["high"]
     html = next(pytester.path.glob("outputs/rlkernel/*/matrix-report.html")).read_text()
-    assert "Phase times per cell" in html and rollout["text"] in html.replace("&#177;", "±")
+    assert "Steady-state phase times per cell" in html
+    assert rollout["text"] in html.replace("&#177;", "±")
 
     # Interleaved: R/R, P/R, R/P, P/P, then again, and again; each its own directory and run id.
     root = next(pytester.path.glob("outputs/rlkernel/*"))

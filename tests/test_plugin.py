@@ -446,6 +446,12 @@ def test_progress_lines_for_a_long_cell(pytester: pytest.Pytester, make_matrix,
         lines = result.stdout.lines
         # each on a line of its own, never after a progress dot or a test id
         assert all(ln.startswith("[rlk] ") for ln in lines if "[rlk]" in ln), lines
+        # no blank line around them, and the file's name is not printed again after each one
+        # (issue 53: `matrix.toml` with blank lines every 30 s)
+        at = [i for i, ln in enumerate(lines) if ln.startswith("[rlk] cpu/attention-pr")]
+        assert at and all(lines[i - 1].strip() and lines[i + 1].strip() for i in at), lines
+        if verbosity == "-q":
+            assert sum(ln.startswith("matrix.toml") for ln in lines) <= 1, lines
 
 
 def test_progress_line_is_cut_at_a_word_boundary() -> None:

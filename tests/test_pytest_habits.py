@@ -287,6 +287,19 @@ def test_a_rerun_composes_with_its_first_run(pytester: pytest.Pytester, make_mat
     assert three["complete"] is False and three["selection"]["by"] == ["-k R/R"]
     assert three["selection"]["rerun_of"] == str(rerun)
 
+    # a -k that selects no cell writes no root, and is never the root a later session reran
+    # (issue 53); -x is part of what a session selected by
+    nothing = tmp_path / "nothing"
+    empty = pytester.runpytest("-k", "no-such-cell", f"--rlk-matrix-root={nothing}")
+    assert not nothing.exists(), sorted(nothing.rglob("*"))
+    empty.stdout.fnmatch_lines(["rlk: no matrix cell selected (-k no-such-cell): nothing run, "
+                                "no matrix root written*"])
+    stop_first = tmp_path / "stop-first"
+    pytester.runpytest("-x", "-k", "P/P", f"--rlk-matrix-root={stop_first}")
+    four = json.loads((stop_first / "matrix-report.json").read_text())
+    assert four["selection"]["by"] == ["-k P/P", "-x"]
+    assert four["selection"]["rerun_of"] == str(subset)  # not the empty session's root
+
 
 # -- item 7: the progress bar and pytest's dots ----------------------------------------------------
 

@@ -1,6 +1,12 @@
 """The Slurm launcher against a real Slurm: Debian's slurm-wlm + munge, started on this host by
-`scripts/slurm-local.sh start` (once per test session, left running). Skips, saying exactly why,
-where Slurm is not installed or its daemons cannot start (no root, a sandbox)."""
+`scripts/slurm-local.sh start` (once per test session) and stopped again by
+`scripts/slurm-local.sh stop` when the session ends (tests/conftest.py), which also removes every
+file and folder `start` created (slurm.conf, the munge key, state and log folders).
+
+Opt-in: the tests marked `slurm` start daemons and write system files, so they run only with
+`--run-slurm` or `RLK_SLURM_TESTS=1` (README, docs/en/ci.md; .ci/run opts in). Opted in, they
+skip, saying exactly why, where Slurm is not installed or its daemons cannot start (no root, a
+sandbox). A Slurm that already answers (a site's own) is used as is and never stopped."""
 
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ WORKLOAD = ('"$PYTHON_BIN" -m pytest_rlkernel_matrix.workload --preset tiny --nu
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A usable local Slurm: started by the repo's script if it is not answering yet."""
     if slurm_available() is None:
-        return
+        return  # a cluster that answers already: not ours, left as it is
     if shutil.which("sinfo") is None or shutil.which("slurmctld", path="/usr/sbin") is None:
         pytest.skip("Slurm is not installed here (no sinfo/slurmctld): install Debian's "
                     "slurm-wlm and munge (`apt-get install -y slurm-wlm munge`; .ci/run does)")
@@ -39,6 +45,12 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
     with lock.open("a") as fh:  # xdist workers: one starts the cluster, the others wait
         fcntl.flock(fh, fcntl.LOCK_EX)
         if slurm_available() is not None:
+            notes = os.environ.get("RLK_SLURM_SESSION_DIR")
+            if not notes:
+                pytest.skip("no RLK_SLURM_SESSION_DIR: the local Slurm is started only by a test "
+                            "session that stops it again (tests/conftest.py)")
+            # written before `start`: a start that fails half-way is still undone at the end
+            Path(notes, "started").write_text(str(os.getpid()))
             proc = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True,
                                   timeout=180, check=False)
             if proc.returncode != 0:
@@ -94,6 +106,7 @@ def test_plan_prints_each_cells_batch_script(tmp_path: Path) -> None:
     assert not (tmp_path / "root").exists()
 
 
+@pytest.mark.slurm
 @pytest.mark.slow  # a whole pairwise matrix twice (~95 s); the other Slurm tests stay quick
 def test_pairwise_tiny_matrix_same_verdicts_as_local(tmp_path: Path, slurm_cluster: None) -> None:
     # One module's 2x2 keeps this test short; examples/slurm.toml runs all three (docs/ci.md).
@@ -146,6 +159,7 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], limit: float = 180.0) -> 
         time.sleep(0.2)
 
 
+@pytest.mark.slurm
 def test_job_cancelled_from_outside_is_error_cancelled(tmp_path: Path,
                                                         slurm_cluster: None) -> None:
     matrix = _matrix(tmp_path / "m.toml", "sleep 120", launcher="slurm", cases='["R/R"]',
@@ -164,6 +178,7 @@ def test_job_cancelled_from_outside_is_error_cancelled(tmp_path: Path,
     assert cell["scheduler"]["state"] == "CANCELLED" and proc.returncode == 1
 
 
+@pytest.mark.slurm
 @pytest.mark.slow  # 60-90 s of waiting for Slurm: .ci/run runs it on its own (--run-slow)
 def test_job_past_its_slurm_time_limit_is_error_timeout(tmp_path: Path,
                                                          slurm_cluster: None) -> None:

@@ -52,6 +52,9 @@ def selection(config: pytest.Config, ms: MatrixSession) -> dict[str, Any]:
         by.append(f"-m {opt.markexpr}")
     by += [f"--deselect {d}" for d in getattr(opt, "deselect", None) or []]
     by += [arg for arg in config.args if "::" in arg]
+    maxfail = int(getattr(opt, "maxfail", 0) or 0)
+    if maxfail:  # -x / --maxfail: the session may stop before the cells it selected
+        by.append("-x" if maxfail == 1 else f"--maxfail {maxfail}")
     m = ms.matrix
     cells = [*expand(m.matrix, ms.hardware, ms.layout, ms.mode),
              *expand_factors(m.factors, m.matrix, ms.hardware)]

@@ -228,7 +228,8 @@ def decide(
         verdict, reasons = "contract_mismatch", list(numeric.reasons)
     else:
         verdict, reasons = "valid", [r for r in numeric.reasons if r.startswith("no contract: not")]
-    reproducibility, claims, steps_data = judge_reproducibility(ev.reproducibility)
+    reproducibility, claims, steps_data = judge_reproducibility(
+        ev.reproducibility, baseline=cell is None or is_all_r(cell))
     if cell is not None and is_all_r(cell):
         waived = ("train_rollout_bitwise",) if (contract or {}).get("kind") == "tolerance" else ()
         verdict, reasons = apply_declared(claims, policy.baseline_claims, mode, verdict, reasons,

@@ -63,6 +63,8 @@ def claim_phrase(name: str, claim: Any, record: Mapping[str, Any]) -> str:
     if status == "fails":
         detail = detail.removeprefix("fails ")
         word = "FAILS"
+    elif status == "not claimed":
+        word = status
     else:
         word = "not judged"
     if len(detail) > MAX_DETAIL:

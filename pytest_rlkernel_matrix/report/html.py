@@ -57,13 +57,18 @@ from pytest_rlkernel_matrix.report.html_parts import (
     _list,
     _map,
     _not_judged,
+    _num,
     _ordered,
+    _phase_word,
+    _plan,
+    _ratio_text,
     _records_table,
     _rel_link,
     _t,
     _table,
     _verdict_class,
     drift_class,
+    forest,
     histogram_view,
     localisation_view,
     phases_view,
@@ -156,7 +161,9 @@ def _matrix_cell(c: Mapping[str, Any], anchor: str) -> View:
     if active is not None and bits is not None and bits != c.get("mismatch_count"):
         mism += f" ({_fmt(bits)} in bytes)"
     # the performance judgement is the timings mark, not a flag beside the verdict
-    not_judged = [(name, result) for name, result, _ in _not_judged(c) if name != "performance"]
+    # a claim nobody made (not the baseline's) is no flag either
+    not_judged = [(name, result) for name, result, _ in _not_judged(c)
+                  if name != "performance" and result != "not claimed"]
     return {"anchor": anchor, "verdict": "" if verdict is None else str(verdict),
             "word": str(verdict or "none"), "vcls": _verdict_class(verdict),
             "drift": drift_class(c), "tags": tags, "mismatch": mism,
@@ -200,7 +207,7 @@ def _glance(cells: Sequence[Mapping[str, Any]], ids: Sequence[str]) -> list[View
         found = [("not valid", str(r)) for r in _list(c.get("reasons"))] \
             if c.get("verdict") not in ("valid", None) else []
         found += [("timings not usable" if name == "performance" else f"{name} {result}", r)
-                  for name, result, r in _not_judged(c)]
+                  for name, result, r in _not_judged(c) if result != "not claimed"]
         labels: dict[str, list[str]] = {}  # each reason once, with every label it carries
         for what, reason in found:
             labels.setdefault(reason, [])
@@ -276,8 +283,9 @@ def _interval(entry: Any) -> str:
 
 
 def _performance(report: Mapping[str, Any]) -> View | None:
-    """Per module: the statements (side, phase, ratio with its interval) and each cell's phase
-    times with their intervals (`report.perf`)."""
+    """Per module: a table of its statements (R on side x phase: answer, ratio, interval,
+    plan) and each cell's steady phase times with their intervals (`report.perf`); for the
+    report, a forest plot of every statement's interval against the equivalence band and 1."""
     perf = _map(report.get("performance"))
     modules = [m for m in _list(perf.get("modules")) if isinstance(m, Mapping)]
     if not modules:
@@ -288,10 +296,16 @@ def _performance(report: Mapping[str, Any]) -> View | None:
     for m in modules:
         stmts = [s for s in _list(m.get("statements")) if isinstance(s, Mapping)]
         marks = {"slower": "no", "faster": "ok"}
-        rows = [[_fmt(s.get("side")),
-                 _fmt(str(s.get("phase")).removesuffix("_wall_time").replace("_", " ")),
-                 _t(s.get("kind"), marks.get(str(s.get("kind")), "na")),
-                 str(s.get("text") or "-")] for s in stmts]
+        rows = []
+        for s in stmts:
+            low, high = _num(s.get("low")), _num(s.get("high"))
+            rows.append([_fmt(s.get("side")), _phase_word(s.get("phase")),
+                         _t(s.get("kind"), marks.get(str(s.get("kind")), "na")),
+                         _t(_ratio_text(s.get("ratio")), "mono"),
+                         _t(f"[{low:.3f}, {high:.3f}]" if low is not None and high is not None
+                            else "-", "mono"),
+                         _plan(s) if s.get("kind") not in ("faster", "slower",
+                                                           "no difference") else "-"])
         if no_statement(stmts) is not None:  # one reason for every row: the line says it once
             rows = []
         cells = _map(m.get("cells"))
@@ -299,10 +313,10 @@ def _performance(report: Mapping[str, Any]) -> View | None:
                 for case in ("R/R", "P/R", "R/P", "P/P") if case in cells]
         views.append({"title": f"{m.get('hardware')} · {m.get('module')}",
                       "line": str(m.get("line") or ""),
-                      "statements": _table(("R on side", "phase", "statement", "in words"),
-                                           rows),
-                      "phases": _table(("cell", "rollout", "training", "weight sync", "step"),
-                                       prow)})
+                      "statements": _table(("R on side", "phase", "answer", "ratio",
+                                            "interval", "plan"), rows, "perf"),
+                      "phases": _table(("cell", "steady rollout", "steady training",
+                                        "steady weight sync", "steady step"), prow)})
     intro = (f"Every ratio reads {perf.get('direction')}. Statements: {perf.get('method')} "
              f"({perf.get('family')} statements, "
              f"{100 * float(perf.get('family_confidence') or 0):.4g}% family-wise; no "
@@ -310,7 +324,9 @@ def _performance(report: Mapping[str, Any]) -> View | None:
              if perf.get("family") else f"{perf.get('note') or 'No statement.'} Every ratio "
              f"reads {perf.get('direction')}. ") + (
         f"Phase times per cell: {perf.get('cell_interval')}.")
-    return {"intro": intro, "modules": views}
+    drill = _map(perf.get("drill"))
+    return {"intro": intro, "modules": views, "forest": forest(perf, modules),
+            "drill": str(drill.get("text")) if drill else None}
 
 
 def _routes(c: Mapping[str, Any]) -> View:
@@ -322,8 +338,15 @@ def _routes(c: Mapping[str, Any]) -> View:
         for k, side in enumerate(SIDES):
             r = entry.get(side)
             want = letters[k] if k < len(letters) else ""
+            if entry.get("unfinished"):  # a run that did not finish: its state, never a side
+                seen = (_fmt(r.get("ran") or r.get("implementation"))
+                        if isinstance(r, Mapping) else "nothing")
+                rows.append([_t(module, "b"), requested, side,
+                             _t(f"{entry['unfinished']} (reported before it stopped: {seen})",
+                                "na"), "-", "-", "-", "-", "-"])
+                continue
             if not isinstance(r, Mapping):
-                rows.append([_t(module, "b"), requested, side, _t("unreported", "no"),
+                rows.append([_t(module, "b"), requested, side, _t("not reported", "no"),
                              "-", "-", "-", "-", "-"])
                 continue
             impl = r.get("ran") or r.get("implementation")  # what ran (readback + route line)

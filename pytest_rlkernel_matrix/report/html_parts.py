@@ -280,8 +280,10 @@ def _not_judged(c: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         valid = j.get("valid")
         if valid is True:
             continue
-        result = "invalid" if valid is False else "not judged"
         reasons = [str(r) for r in _list(j.get("reasons"))] or ["(no reason recorded)"]
+        result = "invalid" if valid is False else "not judged"
+        if valid is None and all(r.startswith("not claimed") for r in reasons):
+            result = "not claimed"  # a claim nobody made for this cell (not the baseline's)
         out += [(name, result, r) for r in reasons]
     return out
 
@@ -355,14 +357,14 @@ def phases_view(record: Mapping[str, Any]) -> View | None:
         if v is not None:
             bw = max(scale * max(v, 0.0), 1.0)
             lo, hi, n = _num(sp.get("min")), _num(sp.get("max")), sp.get("n")
-            tip = f"{label}: median {_fmt_s(v)}"
+            tip = f"{label}: {_fmt_s(v)} in the median step"  # one account (record.py)
             share = _num(record.get("unattributed_share"))
             if label == "unattributed" and share is not None:
                 tip += f" ({share:.0%} of the step, in no phase)"
             end = left + bw
             whisker = None
             if lo is not None and hi is not None:
-                tip += f", min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
+                tip += f"; over the steps min {_fmt_s(lo)}, max {_fmt_s(hi)}, n={n} steps"
                 x0, x1 = left + scale * max(lo, 0.0), left + scale * max(hi, 0.0)
                 end = max(end, x1)
                 whisker = {"x0": _f1(x0), "x1": _f1(x1), "mid": _f1(y + 3 + (row - 7) / 2),
@@ -440,3 +442,88 @@ def localisation_view(loc: Mapping[str, Any]) -> View | None:
             "tokens": _table(["sample", "token", "kind", "KL(r||t)", "probe train logp",
                               "probe rollout logp", "sidecar train logp",
                               "sidecar rollout logp", "ties to sidecar"], toks) if toks else None}
+
+
+# -- the performance section's forest plot and table cells (issue 53) ----------------------------
+
+def _ratio_text(v: Any) -> str:
+    x = _num(v)
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _plan(s: Mapping[str, Any]) -> str:
+    """What would settle an inconclusive statement, or why there is none, in a few words."""
+    r = _map(s.get("resolve"))
+    if r.get("processes"):
+        return f"{r.get('processes')} processes x {r.get('steps')} steps per cell"
+    why = str(s.get("why") or "")
+    return why if len(why) <= 90 else why[:87] + "..."
+
+
+def _phase_word(phase: Any) -> str:
+    return str(phase).removesuffix("_wall_time").replace("_", " ")
+
+
+def forest(perf: Mapping[str, Any], modules: Sequence[Mapping[str, Any]]) -> View | None:
+    """The forest plot of every statement with an interval: one row per statement (module, R on
+    side, phase), its ratio and interval on a log axis against the ±m equivalence band and 1.
+    Plain numbers for the template, which draws the inline SVG (no network)."""
+    rows: list[dict[str, Any]] = []
+    for m in modules:
+        for s in _list(m.get("statements")):
+            s = _map(s)
+            ratio, low, high = _num(s.get("ratio")), _num(s.get("low")), _num(s.get("high"))
+            if ratio is None or ratio <= 0:
+                continue
+            rows.append({"label": f"{m.get('hardware')} {m.get('module')}: R on {s.get('side')}"
+                                  f", {_phase_word(s.get('phase'))}",
+                         "kind": str(s.get("kind") or "-"), "ratio": ratio,
+                         "low": low if low and low > 0 else None,
+                         "high": high if high and high > 0 else None})
+    if not rows:
+        return None
+    bounds = [b for b in (_num(x) for x in _list(perf.get("equivalence_bounds"))) if b]
+    band = (min(bounds), max(bounds)) if len(bounds) == 2 else None
+    margin = _num(perf.get("equivalence"))
+    if band is None and margin:  # a report from before `equivalence_bounds`: its margin
+        band = (1.0 / (1.0 + margin), 1.0 + margin)  # as judge.performance.margin_bounds
+    values = [v for r in rows for v in (r["ratio"], r["low"], r["high"]) if v]
+    values += [1.0, *(band or ())]
+    lo, hi = math.log(min(values)), math.log(max(values))
+    pad = max((hi - lo) * 0.08, 0.01)
+    lo, hi = lo - pad, hi + pad
+    w, left, right, top, row = 720, 300, 24, 24, 18
+    h = top + row * len(rows) + 34
+
+    def px(v: float) -> float:
+        return round(left + (w - left - right) * (math.log(v) - lo) / (hi - lo), 1)
+
+    cls = {"faster": "f-faster", "slower": "f-slower", "no difference": "f-same"}
+    out_rows = []
+    for i, r in enumerate(rows):
+        y = top + row * i + row / 2
+        out_rows.append({
+            "y": round(y, 1), "ty": round(y + 4, 1), "label": r["label"],
+            "cx": px(r["ratio"]), "cls": cls.get(r["kind"], "f-other"),
+            "x0": px(r["low"]) if r["low"] else None, "x1": px(r["high"]) if r["high"] else None,
+            "ratio": _ratio_text(r["ratio"]), "low": _ratio_text(r["low"]),
+            "high": _ratio_text(r["high"]), "kind": r["kind"],
+            "title": f"{r['label']}: {r['kind']}, ratio {_ratio_text(r['ratio'])}"
+                     + (f" [{_ratio_text(r['low'])}, {_ratio_text(r['high'])}]"
+                        if r["low"] and r["high"] else " (no interval)")})
+    ticks: list[float] = []
+    for t in (1.0, min(values), max(values), *(band or ())):  # 1 first; labels never overlap
+        if all(abs(px(t) - px(k)) >= 30 for k in ticks):
+            ticks.append(t)
+    ticks.sort()
+    axis_y = top + row * len(rows) + 4
+    drill = _map(perf.get("drill"))
+    return {"w": w, "h": h, "left": left, "top": top - 6, "bottom": axis_y,
+            "one": px(1.0),
+            "band": None if band is None else {"x": px(band[0]), "w": round(px(band[1])
+                                                                           - px(band[0]), 1),
+                                               "low": f"{band[0]:.3f}", "high": f"{band[1]:.3f}"},
+            "rows": out_rows,
+            "ticks": [{"x": px(t), "y": axis_y + 14, "text": f"{t:.3g}"} for t in ticks],
+            "caption": {"x": round((left + w - right) / 2, 1), "y": h - 4},
+            "drill": str(drill.get("text")) if drill else None}

@@ -226,10 +226,17 @@ def _route(value: Any) -> str:
     return parts.pop() if len(parts) == 1 and "" not in parts else text
 
 
+UNFINISHED = ("interrupted", "timed out", "not started")
+
+
 def route_shown(r: Mapping[str, Any], side: str) -> str:
     """The route that ran on `side` (the readback and the route lines together, `record.ran`),
     and the requested one beside it where they differ: ``production (requested rl_kernel)``."""
     actual = _route(r.get(f"actual_{side}_implementation"))
+    if actual in UNFINISHED:
+        return actual  # a run that did not finish: its state, never a side it did not run
+    if actual == "unreported":
+        actual = "not reported"
     wanted = r.get(f"requested_{side}_implementation")
     if wanted is None or actual == "-" or _route(wanted) == actual:
         return actual

@@ -32,8 +32,8 @@ PROCESS_VAR = "RLK_MATRIX_PROCESS"  # its process number, 2..N
 PHASES = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time",
           "unattributed_wall_time", "step_wall_time")
 # What a record's measured runs change (the controller copies these at session end).
-FIELDS = (*PHASES, "unattributed_share", "phase_spread", "measured", "performance_usable",
-          "validity")
+FIELDS = (*PHASES, "unattributed_share", "step_account", "phase_spread", "measured",
+          "performance_usable", "validity")
 _DIR = re.compile(r"^measured\.(\d+)$")
 
 
@@ -207,6 +207,13 @@ def attach(record: dict[str, Any], run_dir: Path,
     u, step = record.get("unattributed_wall_time"), record.get("step_wall_time")
     if isinstance(u, (int, float)) and isinstance(step, (int, float)) and step > 0:
         record["unattributed_share"] = float(u) / float(step)
+    if any(groups.values()):
+        # one account of the cell's time over every counted process: the median step's phases,
+        # so the columns add up (issue 53; judge/performance/phases.py)
+        from pytest_rlkernel_matrix.judge.performance.phases import pooled_account
+
+        account = pooled_account(groups)
+        record.update(account or {"step_account": None})
     usable = record.get("verdict") == "valid" and used > 0
     validity = dict(record.get("validity") or {})
     perf = dict(validity.get("performance") or {})

@@ -159,6 +159,31 @@ def _route_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     return out
 
 
+def unfinished_word(run: Any) -> str | None:
+    """`interrupted` / `timed out` / `not started` for a run that did not finish, else None."""
+    if getattr(run, "interrupted", False):
+        return "interrupted"
+    if getattr(run, "timed_out", False):
+        return "timed out"
+    if getattr(run, "launch_error", None):
+        return "not started"
+    return None
+
+
+def unfinished_routes(fields: dict[str, Any], run: Any) -> dict[str, Any]:
+    """Routes as they ran (issue 53): a run that did not finish shows its state on both sides
+    (`interrupted`), never a side it did not run to the end (its partial log could read as a
+    fallback). What it reported before it stopped stays in `routes`, marked `unfinished`."""
+    word = unfinished_word(run)
+    if word is None:
+        return fields
+    for side in SIDES:
+        fields[f"actual_{side}_implementation"] = word
+    for entry in fields.get("routes", {}).values():
+        entry["unfinished"] = word
+    return fields
+
+
 def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
     """What the record says about RL-Kernel's own artifact forms (docs/en/conformance.md)."""
     from pytest_rlkernel_matrix.judge.read.upstream import bitwise_validation_status, route_form
@@ -355,11 +380,17 @@ def build_record(
 ) -> dict[str, Any]:
     from pytest_rlkernel_matrix.judge.numeric.judge import contract_id
     from pytest_rlkernel_matrix.judge.performance.phases import phases as phases_of
+    from pytest_rlkernel_matrix.judge.performance.phases import step_account
     from pytest_rlkernel_matrix.judge.read.metrics import FIGURE_CONVENTION
     from pytest_rlkernel_matrix.spec.limits import Policy as PerformancePolicy
 
     metrics = ev.metrics.as_dict() if ev.metrics else {}
     phases, spread = phases_of(ev.log, int(meta.get("warmup", 0)))
+    # One account of the cell's time: the phase columns and the step are one step's (the median
+    # one), so they add up; without a complete step the columns stay per-phase medians and the
+    # record says they are no account (`step_account` null).
+    account = step_account(ev.log, int(meta.get("warmup", 0)))
+    phases = {**phases, **(account or {"step_account": None})}
     record: dict[str, Any] = {
         "hardware": cell.hardware,
         "module": cell.module,
@@ -381,7 +412,7 @@ def build_record(
         "validity": {k: {"valid": j.valid, "reasons": j.reasons}
                      for k, j in decision.judgements.items()},
         "performance_usable": decision.performance_usable,
-        **_route_fields(cell, ev),
+        **unfinished_routes(_route_fields(cell, ev), run),
         "contract_id": contract_id(ev),
         "contract": decision.contract,
         "contract_judged": decision.contract.get("kind") in ("bitwise", "tolerance"),
@@ -444,10 +475,11 @@ def _alias_routes(record: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     if cell.module not in ALL_MODULES or cell.module not in routes:
         return {}
     out: dict[str, Any] = {}
+    unfinished = routes[cell.module].get("unfinished")  # a run that did not finish: its state
     for side in SIDES:
         r = routes[cell.module].get(side)
-        out[f"actual_{side}_implementation"] = (r.get("ran") or r["implementation"]) if r \
-            else "unreported"
+        out[f"actual_{side}_implementation"] = unfinished or (
+            (r.get("ran") or r["implementation"]) if r else "unreported")
         out[f"requested_{side}_implementation"] = (
             "rl_kernel" if cell.cases.side(cell.module, side) == "R" else "production")
         out[f"{side}_backend_id"] = ",".join(r["backend_ids"]) if r else "unreported"
@@ -492,7 +524,23 @@ def interrupted_record(cell: Cell, mode: str, artifact_dir: str, run_id: str) ->
     record = not_run_record(
         cell, mode, "interrupted: the session stopped before this cell's run "
         "was recorded (its processes were killed)", "error")
-    record.update(artifact_dir=artifact_dir, failed=True, run_id=run_id)
+    record.update(artifact_dir=artifact_dir, failed=True, run_id=run_id,
+                  actual_training_implementation="interrupted",
+                  actual_rollout_implementation="interrupted")
+    return record
+
+
+def os_error_record(cell: Cell, mode: str, exc: OSError) -> dict[str, Any]:
+    """A cell whose run directory (or a file in it) could not be written or read: `error`,
+    failed, naming the path and the system's reason (a read-only cell directory is the matrix
+    root's permissions, not the plugin's internal error)."""
+    where = exc.filename or "its run directory"
+    if exc.filename2:
+        where = f"{where} -> {exc.filename2}"
+    record = not_run_record(
+        cell, mode, f"cannot use the cell's files: {where}: {exc.strerror or exc} "
+        f"({type(exc).__name__}); check the matrix root's permissions and free space", "error")
+    record["failed"] = True
     return record
 
 

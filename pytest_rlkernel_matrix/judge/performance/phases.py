@@ -6,8 +6,11 @@ steps with their spread (what `stats` and the performance judgement take).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pytest_rlkernel_matrix.judge.performance.accounting import (
+    ACCOUNTED,
     SHARE,
     UNATTRIBUTED,
     unattributed_series,
@@ -56,3 +59,70 @@ def phases(scan: LogScan, warmup: int = 0,
     step, rest = medians.get("step_wall_time"), medians.get(UNATTRIBUTED)
     medians[SHARE] = (rest / step if rest is not None and step else None)
     return medians, spread
+
+
+STEP_ACCOUNT = ("rollout_wall_time", "training_wall_time", "weight_sync_wall_time",
+                UNATTRIBUTED, "step_wall_time")
+ACCOUNT_ESTIMATOR = ("the median step: of the measured steps that carry a step time and all "
+                     "three phases, the one whose step time is the (lower) median, with its own "
+                     "phases; unattributed = its step - its phases")
+
+
+def step_account(scan: LogScan, warmup: int = 0) -> dict[str, Any] | None:
+    """One account of a cell's time (issue 53): the phase columns and the step of ONE step, the
+    median one, so rollout + training + weight sync + unattributed = step by construction (a
+    median per column does not add up). None when no measured step carries all four times."""
+    merged: dict[int, dict[str, object]] = {}
+    for step, rec in sorted(scan.records.get("perf", []), key=lambda r: r[0]):
+        merged.setdefault(step, {}).update(rec)
+    chosen: dict[str, str] = {}
+    for name in (*ACCOUNTED, "step_wall_time"):
+        present = [k for k in PHASE_KEYS[name] if any(k in r for r in merged.values())]
+        if not present:
+            return None
+        chosen[name] = present[0]
+    complete: list[tuple[int, dict[str, float]]] = []
+    for step in sorted(merged):
+        values = {}
+        for name, key in chosen.items():
+            v = merged[step].get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                values[name] = float(v)
+        if len(values) == len(chosen):
+            complete.append((step, values))
+    measured = complete[warmup:] if len(complete) > warmup else complete
+    if not measured:
+        return None
+    middle = statistics.median_low([v["step_wall_time"] for _, v in measured])
+    step, values = next((s, v) for s, v in measured if v["step_wall_time"] == middle)
+    values[UNATTRIBUTED] = round(values["step_wall_time"] - sum(values[n] for n in ACCOUNTED), 6)
+    return {**{n: values[n] for n in STEP_ACCOUNT},
+            SHARE: (values[UNATTRIBUTED] / values["step_wall_time"]
+                    if values["step_wall_time"] > 0 else None),
+            "step_account": {"step": step, "n": len(measured), "estimator": ACCOUNT_ESTIMATOR}}
+
+
+def pooled_account(groups: Mapping[str, Sequence[Sequence[float]]]) -> dict[str, Any] | None:
+    """`step_account` over several processes' measured steps (``groups``: phase -> one series
+    per process, in step order, as `report.measured` pools them): the median step of all the
+    processes' steps whose phases line up (a process whose phase series differ in length gives
+    none). None when no step of any process is complete."""
+    needed = (*ACCOUNTED, "step_wall_time")
+    if any(not groups.get(name) for name in needed):
+        return None
+    steps: list[dict[str, float]] = []
+    count = min(len(groups[name]) for name in needed)
+    for j in range(count):
+        series = [groups[name][j] for name in needed]
+        if len({len(s) for s in series}) != 1:
+            continue
+        steps += [dict(zip(needed, values, strict=True)) for values in zip(*series, strict=True)]
+    if not steps:
+        return None
+    middle = statistics.median_low([s["step_wall_time"] for s in steps])
+    values = next(s for s in steps if s["step_wall_time"] == middle)
+    rest = round(values["step_wall_time"] - sum(values[n] for n in ACCOUNTED), 6)
+    return {**{n: values[n] for n in needed}, UNATTRIBUTED: rest,
+            SHARE: rest / values["step_wall_time"] if values["step_wall_time"] > 0 else None,
+            "step_account": {"step": None, "n": len(steps), "processes": count,
+                             "estimator": ACCOUNT_ESTIMATOR + " (over every counted process)"}}

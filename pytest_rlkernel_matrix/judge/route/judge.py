@@ -37,6 +37,16 @@ def _real_backend(bid: str, impl: str, own: Mapping[str, Any] | None = None) -> 
     return not norm.startswith("rlkernel.") and not own_backend(bid, own)
 
 
+def _line_reports(ev: Evidence, module: str, side: str) -> bool:
+    """A run.log route line names this side of this module (its contradictions are
+    `log_route_fallbacks`' to find)."""
+    from pytest_rlkernel_matrix.judge.read.upstream import side_of
+
+    return any(line.get("module") == module and (line.get("actual") or line.get("implementation"))
+               and side_of(line.get("framework"), line.get("target")) == side
+               for line in ev.log.routes)
+
+
 def judge_route(cell: Cell, mode: str, ev: Evidence, platform: str | None = None,
                  ) -> tuple[Judgement, Judgement, list[str]]:
     """(route, mismatch, fallbacks): route problems that are fallbacks vs other mismatches."""
@@ -62,6 +72,14 @@ def judge_route(cell: Cell, mode: str, ev: Evidence, platform: str | None = None
                                "active: ... contract_id=vime.native.linear_logp.v1' or "
                                "'rlkernel mismatch sidecar active: logp_case="
                                f"{cell.cases.of(module)}'): P route unproven")
+                elif not (module == "logp" and side == "training") and not _line_reports(
+                        ev, module, side):
+                    # Nothing reports this side: its route is not judged, never a pass (issue
+                    # 53). `off` says what it expected: RL-Kernel disabled, production.
+                    expect = ("off mode expects production (RL-Kernel disabled)" if mode == "off"
+                              else "P (production) requested")
+                    route.not_judged(f"{where}: {expect}, but no readback or route line "
+                                     "reports this side: route not reported, not judged")
                 continue
             if got.fallback and not any(f.startswith(f"{module} {side}") for f in fallbacks):
                 fallbacks.append(f"{where}: readback provenance says fallback=true")
