@@ -266,7 +266,8 @@ def test_contaminated_or_single_process_cells_state_nothing() -> None:
     records[2]["validity"] = {"performance": {"reasons": ["contaminated: a burner"]}}
     said = {(s["side"], s["phase"]): s for s in performance(records)["modules"][0]["statements"]}
     assert said[("rollout", "rollout_wall_time")]["kind"] == "not judged"
-    single = [dict(r, phase_spread={k: {"steps": v["steps"][:6]} for k, v in
+    single = [dict(r, performance_policy={"processes": 1},
+                   phase_spread={k: {"steps": v["steps"][:6]} for k, v in
                                     r["phase_spread"].items()}) for r in _module("ffn", 1.5)]
     perf = performance(single)
     line = perf["modules"][0]["line"]
@@ -386,7 +387,11 @@ def test_a_byte_copied_measured_run_is_refused_and_named(
     entry = next(m for m in report["performance"]["modules"] if m["module"] == "logp")
     assert any(d.startswith("R/R process 3 (measured.3): duplicate of .") for d in
                entry["dropped"]), entry["dropped"]
-    assert "1 process(es) not counted: R/R process 3 (measured.3): duplicate" in entry["line"]
+    # the terminal counts refusals by cause, with the worst figure, and a remedy
+    assert "1 of 9 processes refused for duplicate (worst: duplicate of .: the same run id" \
+        in entry["line"], entry["line"]
+    assert "remedy: fix what the refused processes' reasons name" in entry["line"]
+    assert "--rlk-processes=4 or --rlk-processes=auto" in entry["line"]
 
 
 def test_a_drill_report_says_so_at_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
