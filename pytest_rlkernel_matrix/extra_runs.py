@@ -198,7 +198,9 @@ def auto_plan(records: list[dict[str, Any]], first: int, round_s: float,
     open_ = [s for s in said if s.get("kind") == "inconclusive"]
     if not open_:
         return first, texts, None
-    wanted = sorted(int(s["resolve"]["processes"]) for s in open_ if s.get("resolve"))
+    # at the steps the workload runs: auto adds processes, never steps
+    wanted = sorted(int(s["resolve"].get("processes_at_measured_steps") or AUTO_MAX + 1)
+                    for s in open_ if s.get("resolve"))
     fitting = [n for n in wanted if n <= min(fits, AUTO_MAX)]
     if not fitting:
         need = (f"the smallest plan asks {wanted[0]} processes per cell" if wanted else

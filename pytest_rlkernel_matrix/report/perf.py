@@ -234,6 +234,10 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             resolve = plan(f, str(s["side"]), a.alpha, margin, costs)
             s["resolve"] = None if resolve is None else {"processes": resolve[0],
                                                          "steps": resolve[1]}
+            if resolve is not None:  # at the steps the workload runs (what auto can add)
+                now = plan(f, str(s["side"]), a.alpha, margin, costs,
+                           max_steps=round(f.measured_steps or f.steps))
+                s["resolve"]["processes_at_measured_steps"] = None if now is None else now[0]
             if resolve is None:
                 s["why"] = (f"more than {64} processes per cell would be needed for ±"
                             f"{margin:.0%} at this noise")

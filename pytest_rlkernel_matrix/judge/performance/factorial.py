@@ -306,13 +306,15 @@ def decide(answers: Sequence[Answer], confidence: float, margin: float) -> None:
 
 
 def plan(f: Fit, effect: str, alpha: float, margin: float,
-         costs: tuple[float, float] | None = None) -> tuple[int, int] | None:
+         costs: tuple[float, float] | None = None,
+         max_steps: int | None = None) -> tuple[int, int] | None:
     """About how many processes per cell x steps per process would resolve `effect` at +-margin:
     a two-sided 1 - alpha interval of half-width at most log(1 + margin) / 2 either excludes 1
     or lies inside the margin, whatever the estimate. From the measured variance components
     (between processes, step noise) and `costs` (a process's fixed seconds, a step's seconds;
     unmeasured: a process costs `DEFAULT_START_STEPS` steps), the cheapest (N, S) in time;
-    None when no N <= `MAX_PROCESSES` would."""
+    None when no N <= `MAX_PROCESSES` would. `max_steps`: S at most that (the steps the
+    workload runs: what `--rlk-processes=auto` can add is processes, not steps)."""
     if f.within_var is None or f.between_var is None:
         return None
     c0, c1 = costs if costs else (DEFAULT_START_STEPS, 1.0)
@@ -324,7 +326,7 @@ def plan(f: Fit, effect: str, alpha: float, margin: float,
     quant = t_quantile(1.0 - alpha / 2.0, 4.0 * (ns - 1))
     best: tuple[float, int, int] | None = None
     s_min = max(2, round(f.measured_steps or f.steps))
-    for s in range(s_min, MAX_STEPS + 1):
+    for s in range(s_min, max(s_min, min(MAX_STEPS, max_steps or MAX_STEPS)) + 1):
         var_proc = f.between_var + f.within_var / s
         ok = np.nonzero(quant * np.sqrt(cw * var_proc / ns) <= target)[0]
         if ok.size:
