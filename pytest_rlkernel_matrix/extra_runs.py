@@ -225,8 +225,8 @@ def run_measured(ms: Any, say: Any = None) -> int:
     todo, ms.ran = list(ms.ran), []
     runs = [(c, m, d, h) for c, m, d, h in todo if _wanted(d)]
     if total <= 1 or not todo or ms.matrix.runner.launcher != "local":
-        if perf.auto and ms.worker is not None:
-            _shared_plan(ms, [], None, 0, 0.0, say)  # the other workers wait for this one
+        if perf.auto and ms.worker is not None:  # the other workers wait for this one's
+            _shared_plan(ms, [], None, 0, 0.0, say, plan=False)
         return 0  # a scheduler's node cannot be sampled: its timings are never usable
     count = 0
     budget = Budget(float(getattr(ms, "started", time.time())), perf.budget, len(todo)) \
@@ -316,9 +316,10 @@ def stop_reason(root: Path) -> str | None:
 
 
 def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int, left_s: float,
-                 say: Any) -> tuple[int, list[str], str | None]:
+                 say: Any, plan: bool = True) -> tuple[int, list[str], str | None]:
     """Under xdist: write this worker's stage one, wait for every worker's (at most until the
-    budget's end), then the plan made once from all of them (`<root>/.auto/plan.json`)."""
+    budget's end), then the plan made once from all of them (`<root>/.auto/plan.json`).
+    `plan=False`: a worker with no run of its own only says what it ran."""
     import os
     import time
 
@@ -334,6 +335,8 @@ def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int, left_s:
         mine["per_process_s"] = (time.time() - float(ms.started)) / max(
             1, len(runs) * max(1, first))
     write_json_atomic(folder / f"stage1.{me}.json", mine)
+    if not plan:
+        return first, [], None
     expected = set(getattr(ms, "all_items", ()) or ())
     deadline = time.monotonic() + max(0.0, left_s)
     said_wait = False
@@ -355,8 +358,8 @@ def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int, left_s:
             said_wait = True
         time.sleep(0.5)
     plan_path = folder / PLAN_FILE
-    plan = _load(plan_path) if plan_path.exists() else None
-    if not isinstance(plan, dict):
+    made = _load(plan_path) if plan_path.exists() else None
+    if not isinstance(made, dict):
         records: list[dict[str, Any]] = []
         for x in stages:
             for rel in x.get("runs") or []:
@@ -377,16 +380,16 @@ def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int, left_s:
                                             "stage 1 before the budget's end")
         else:
             target, said, why = auto_plan(records, first, round_s, left_s)
-        plan = {"target": target, "said": said, "why": why, "by": me,
+        made = {"target": target, "said": said, "why": why, "by": me,
                 "workers": len(stages), "records": len(records)}
         draft = folder / f"plan.{me}.json"
-        write_json_atomic(draft, plan)
+        write_json_atomic(draft, made)
         try:  # linked exclusively, whole: the first worker's plan is everyone's
             os.link(draft, plan_path)
         except FileExistsError:
             theirs = _load(plan_path)
-            plan = theirs if isinstance(theirs, dict) else plan
-    return int(plan.get("target") or first), list(plan.get("said") or []), plan.get("why")
+            made = theirs if isinstance(theirs, dict) else made
+    return int(made.get("target") or first), list(made.get("said") or []), made.get("why")
 
 
 def refresh(ms: Any) -> int:
