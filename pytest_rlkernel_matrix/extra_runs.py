@@ -45,6 +45,7 @@ Functions of the session (`session.MatrixSession`, passed in as `ms`; never impo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +227,7 @@ def run_measured(ms: Any, say: Any = None) -> int:
     runs = [(c, m, d, h) for c, m, d, h in todo if _wanted(d)]
     if total <= 1 or not todo or ms.matrix.runner.launcher != "local":
         if perf.auto and ms.worker is not None:  # the other workers wait for this one's
-            _shared_plan(ms, [], None, 0, 0.0, say, plan=False)
+            _shared_plan(ms, [], None, 0, lambda: 0.0, say, plan=False)
         return 0  # a scheduler's node cannot be sampled: its timings are never usable
     count = 0
     budget = Budget(float(getattr(ms, "started", time.time())), perf.budget, len(todo)) \
@@ -250,7 +251,7 @@ def run_measured(ms: Any, say: Any = None) -> int:
                 ms.write_json(d / RECORD_CACHE, rec)
             round_s = budget.per_process * max(1, len(runs))
             if ms.worker is not None:
-                target, said, why = _shared_plan(ms, runs, stop, total, budget.left(), say)
+                target, said, why = _shared_plan(ms, runs, stop, total, budget.left, say)
             else:
                 target, said, why = (total, [], stop) if stop else auto_plan(
                     records, total, round_s, budget.left())
@@ -315,8 +316,9 @@ def stop_reason(root: Path) -> str | None:
     return None
 
 
-def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int, left_s: float,
-                 say: Any, plan: bool = True) -> tuple[int, list[str], str | None]:
+def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int,
+                 left: Callable[[], float], say: Any,
+                 plan: bool = True) -> tuple[int, list[str], str | None]:
     """Under xdist: write this worker's stage one, wait for every worker's (at most until the
     budget's end), then the plan made once from all of them (`<root>/.auto/plan.json`).
     `plan=False`: a worker with no run of its own only says what it ran."""
@@ -338,7 +340,7 @@ def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int, left_s:
     if not plan:
         return first, [], None
     expected = set(getattr(ms, "all_items", ()) or ())
-    deadline = time.monotonic() + max(0.0, left_s)
+    deadline = time.monotonic() + max(0.0, left())
     said_wait = False
 
     def _load(path: Path) -> Any:
@@ -379,7 +381,7 @@ def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int, left_s:
             target, said, why = first, [], (f"{len(missing)} item(s) of other workers had no "
                                             "stage 1 before the budget's end")
         else:
-            target, said, why = auto_plan(records, first, round_s, left_s)
+            target, said, why = auto_plan(records, first, round_s, left())  # after waiting
         made = {"target": target, "said": said, "why": why, "by": me,
                 "workers": len(stages), "records": len(records)}
         draft = folder / f"plan.{me}.json"
