@@ -206,6 +206,66 @@ def run_auto(noise_name: str, truth_name: str, reps: int, cap: int = 16,
             "answers": {k: v / count for k, v in answers.items()}}
 
 
+# Unequal cells (issue 52): what refused processes and R's noisier first steps produce. Per cell
+# (R/R, P/R, R/P, P/P): (processes, step sd of log, first-step factor); "random" draws each
+# cell's processes from 2..8, its step sd from 0.02..0.10 and its first step 1x or 10x.
+THIN, THICK = (2, 0.10, 10.0), (8, 0.02, 1.0)
+UNEQUAL: dict[str, Any] = {
+    "thin R/R+P/R": (THIN, THIN, THICK, THICK),
+    "thin R/R+P/P": (THIN, THICK, THICK, THIN),
+    "thin R/R": (THIN, THICK, THICK, THICK),
+    "random": None,
+}
+
+
+def simulate_unequal(rng: np.random.Generator, layout: Any, rollout_factor: float,
+                     steps: int = 6) -> dict[str, dict[str, list[list[float]]]]:
+    """Like `simulate_report`, each cell with its own processes, step noise and warm-up."""
+    if layout is None:
+        layout = tuple((int(rng.integers(2, 9)), float(rng.uniform(0.02, 0.10)),
+                        float(rng.choice([1.0, 10.0]))) for _ in CELLS)
+    out: dict[str, dict[str, list[list[float]]]] = {p: {} for p in ("rollout", "training",
+                                                                    "step")}
+    for case, (n, sd, warmup) in zip(CELLS, layout, strict=True):
+        one = simulate_report(rng, n, {"process": 0.04, "step": sd, "warmup": warmup,
+                                       "steps": steps}, rollout_factor)
+        for p in out:
+            out[p][case] = one[p][case]
+    return out
+
+
+def run_unequal(layout_name: str, truth_name: str, reps: int, seed: int = 11) -> dict[str, Any]:
+    """Coverage and family-wise false statements with unequal cells (`UNEQUAL`)."""
+    rng = np.random.default_rng(seed)
+    factor = TRUTH[truth_name]
+    truth = true_effects(factor)
+    cover = {k: 0 for k in ("training", "rollout")}
+    total = simultaneous = family_false = 0
+    answers = {SLOWER: 0, FASTER: 0, EQUIVALENT: 0, "inconclusive": 0}
+    for _ in range(reps):
+        data = simulate_unequal(rng, UNEQUAL[layout_name], factor)
+        fits, stmts = _judge(data)
+        for p, f in fits.items():
+            for name in cover:
+                b = f.effects[name].interval(CONFIDENCE)
+                assert b is not None
+                cover[name] += math.log(b[0]) <= truth[(name, p)] <= math.log(b[1])
+            total += 1
+        all_in, any_false = True, False
+        for a in stmts:
+            theta = truth[(a.key[2], a.key[3])]
+            assert a.low is not None and a.high is not None
+            all_in &= math.log(a.low) <= theta <= math.log(a.high)
+            any_false |= false_claim(a.kind, theta)
+            answers[a.kind] += 1
+        simultaneous += all_in
+        family_false += any_false
+    count = sum(answers.values())
+    return {"coverage": {k: v / total for k, v in cover.items()},
+            "simultaneous": simultaneous / reps, "family_false": family_false / reps,
+            "answers": {k: v / count for k, v in answers.items()}}
+
+
 def cost(processes: int = 8, steps: int = 12) -> None:
     """Print what a whole report's statistics cost: `report.perf.performance` on three modules
     x four cells x `processes` x `steps` (every statement, its plan, the cells' intervals),
@@ -245,7 +305,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="*", default=list(range(2, 9)))
     parser.add_argument("--auto-reps", type=int, default=500,
                         help="reports per row of the two-stage (auto) table; 0: none")
+    parser.add_argument("--unequal-reps", type=int, default=2000,
+                        help="reports per row of the unequal-cells table; 0: none")
+    parser.add_argument("--unequal-only", action="store_true",
+                        help="only the unequal-cells table")
     args = parser.parse_args()
+    if args.unequal_only:
+        args.n = []
     print(f"confidence {CONFIDENCE:.0%}, margin +-{MARGIN:.0%}, {args.reps} reports per row; "
           "coverage of the 95% intervals (training, rollout, interaction), simultaneous "
           "coverage of the report's 6 intervals, family-wise false-statement rate, answers "
@@ -266,6 +332,23 @@ def main() -> None:
                       f"{r['warmup_dropped']:.2f} | {r['seconds_per_report']:.4f} |",
                       flush=True)
 
+    if args.unequal_reps:
+        print()
+        print("unequal cells (per cell: processes, step sd(log), first step; thin = 2, 0.10, "
+              "10x; thick = 8, 0.02, 1x; random: 2..8, 0.02..0.10, 1x or 10x), 6 steps")
+        print("| cells | truth | cov training | cov rollout | simultaneous | family-wise false "
+              "| slower | faster | no diff | inconclusive |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for layout in UNEQUAL:
+            for truth_name in TRUTH:
+                r = run_unequal(layout, truth_name, args.unequal_reps)
+                c, a = r["coverage"], r["answers"]
+                print(f"| {layout} | {truth_name} | {c['training']:.3f} | {c['rollout']:.3f} | "
+                      f"{r['simultaneous']:.3f} | {r['family_false']:.3f} | {a[SLOWER]:.2f} | "
+                      f"{a[FASTER]:.2f} | {a[EQUIVALENT]:.2f} | {a['inconclusive']:.2f} |",
+                      flush=True)
+        if args.unequal_only:
+            return
     cost()
     if args.auto_reps:
         print()

@@ -24,12 +24,28 @@ are then judged once, on every process, at the report's family-wise level: no in
 decides anything, so no error is spent on looks. The steps per process are the workload's own
 (this runner does not change them); the plan's S says how many would be cheaper.
 
+**The budget is a promise** (issue 52): it runs from the session's start, so the correctness
+runs, refused processes and both stages count; no process starts that the measured cost of a
+process says would end past it (so the session ends within the budget plus about one
+process). After stage one the session **stops early**, with the figures, when stage one shows
+that the budget cannot resolve the statements: a cell's timings not usable, half or more of
+the processes refused (contamination, noise), or no inconclusive statement's plan fits in the
+budget; stage two otherwise runs up to the largest plan that fits.
+
+**Under pytest-xdist** (`-n N`) each worker runs stage one on its own runs (on its own CPU share
+or GPU set), writes what it ran to `<root>/.auto/stage1.<worker>.json` and waits (at most until
+the budget's end) for every other worker's; stage two is planned **once** from every worker's
+stage-one records, by the first worker there (`<root>/.auto/plan.json`, created exclusively;
+the others read it), and each worker runs the plan's rounds on its own runs. The controller
+judges the statements once over the whole 2x2 at session end, as in a serial session.
+
 Functions of the session (`session.MatrixSession`, passed in as `ms`; never imported here).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +101,55 @@ def performance_options(matrix: Any, processes: str | int | None, budget: float 
     return matrix.model_copy(update={"performance": perf.model_copy(update=update)})
 
 
-def _round(ms: Any, runs: list[Any], k: int) -> int:
-    """Process k of every run in `runs`, in order; how many ran."""
+class OutOfBudget(Exception):
+    """The next process would end past the budget."""
+
+
+class Budget:
+    """The session's budget (`--rlk-perf-budget`): a wall-clock deadline from the session's
+    start, and the measured cost of a process (the session's processes so far, correctness runs
+    included, from `first` processes started before this object)."""
+
+    def __init__(self, started: float, minutes: float, first: int) -> None:
+        import time
+
+        self.started, self.seconds = started, minutes * 60.0
+        self.deadline = started + self.seconds
+        self.done = max(1, first)
+        self.spent_before = max(0.0, time.time() - started)
+
+    @property
+    def per_process(self) -> float:
+        import time
+
+        return max(0.0, time.time() - self.started) / self.done
+
+    def left(self) -> float:
+        import time
+
+        return self.deadline - time.time()
+
+    def check(self) -> None:
+        """Raise `OutOfBudget` when one more process would end past the deadline."""
+        if self.per_process > self.left():
+            raise OutOfBudget
+
+    def used(self) -> float:
+        import time
+
+        return time.time() - self.started
+
+
+def _round(ms: Any, runs: list[Any], k: int, budget: Budget | None = None) -> int:
+    """Process k of every run in `runs`, in order; how many ran. With a `budget`, a process
+    that would end past it is not started (`OutOfBudget`)."""
     count = 0
     for cell, mode, run_dir, hook in runs:
         target = run_dir / f"{MEASURED_PREFIX}{k}"
         if target.exists():
             continue  # never overwrite; the analysis counts what is there
+        if budget is not None:
+            budget.check()
         meta = json.loads((run_dir / CELL_RUN_FILE).read_text(encoding="utf-8"))
         job = ms._prepare(cell, mode, target, hook, run_id=f"{meta['run_id']}.p{k}",
                           extra_env={ROLE_VAR: "measured", PROCESS_VAR: str(k)})
@@ -99,6 +157,8 @@ def _round(ms: Any, runs: list[Any], k: int) -> int:
         ms._finish(cell, mode, target, outcome.result, job.recorded, [], outcome,
                    cpu_share=job.cpu_share, analyze=False)
         count += 1
+        if budget is not None:
+            budget.done += 1
         if outcome.result.interrupted:
             raise KeyboardInterrupt
     return count
@@ -109,59 +169,229 @@ def auto_target(records: list[dict[str, Any]], first: int, round_s: float,
     """Stage two's processes per cell: the most any inconclusive statement's plan asks for
     (at most `AUTO_MAX`), cut to the rounds that fit in `left_s` at `round_s` a round; and
     the stage-one statements (what the progress shows)."""
+    target, said, _ = auto_plan(records, first, round_s, left_s)
+    return target, said
+
+
+def auto_plan(records: list[dict[str, Any]], first: int, round_s: float,
+              left_s: float) -> tuple[int, list[str], str | None]:
+    """`auto_target`, and why the session stops after stage one (None: it goes on, or has
+    nothing left to resolve): stage one shows the budget cannot resolve the statements
+    (timings not usable, half or more of the processes refused, or no inconclusive statement's
+    plan fits in the budget). The target is then the stage-one processes; otherwise the
+    largest plan that fits."""
     from pytest_rlkernel_matrix.report.perf import performance
+    from pytest_rlkernel_matrix.report.perf_text import refusal_lines, refusals
 
     perf = performance(records)
     said = [s for m in perf["modules"] for s in m["statements"]]
-    wanted = [int(s["resolve"]["processes"]) for s in said
-              if s.get("kind") == "inconclusive" and s.get("resolve")]
-    unresolvable = [s for s in said if s.get("kind") == "inconclusive" and not s.get("resolve")]
-    target = max([first, *wanted]) if wanted else (AUTO_MAX if unresolvable else first)
+    texts = [str(s["text"]) for s in said]
     fits = first + (int(left_s // round_s) if round_s > 0 else 0)
-    return max(first, min(target, AUTO_MAX, fits)), [str(s["text"]) for s in said]
+    causes = refusals(records)
+    ran = sum(len((r.get("measured") or {}).get("runs") or []) for r in records)
+    refused = sum(c["count"] for c in causes.values())
+    figures = "; ".join(refusal_lines(causes, ran))
+    if any(s.get("kind") == "not judged" for s in said) or (ran and 2 * refused >= ran):
+        why = figures or next((str(s["why"]) for s in said if s.get("kind") == "not judged"),
+                              "timings not usable")
+        return first, texts, (f"stage 1 refused {refused} of {ran} processes ({why}); no "
+                              "statement is possible on this machine now")
+    open_ = [s for s in said if s.get("kind") == "inconclusive"]
+    if not open_:
+        return first, texts, None
+    # at the steps the workload runs: auto adds processes, never steps
+    wanted = sorted(int(s["resolve"].get("processes_at_measured_steps") or AUTO_MAX + 1)
+                    for s in open_ if s.get("resolve"))
+    fitting = [n for n in wanted if n <= min(fits, AUTO_MAX)]
+    if not fitting:
+        need = (f"the smallest plan asks {wanted[0]} processes per cell" if wanted else
+                f"no plan of at most {AUTO_MAX} processes per cell resolves them")
+        return first, texts, (f"{len(open_)} statement(s) inconclusive after stage 1 and "
+                              f"{need}; the budget ({(left_s + 0.0) / 60:.1f} min left, "
+                              f"{round_s:.0f} s a round) fits {fits}"
+                              + (f"; {figures}" if figures else ""))
+    return max(first, max(fitting)), texts, None
 
 
 def run_measured(ms: Any, say: Any = None) -> int:
     """Processes 2..N of every run this process started, interleaved round by round; then each
     run's record again (with its measured runs). With `[performance] auto`, stage two's
-    rounds after stage one's (`auto_target`). Returns how many measured runs ran."""
+    rounds after stage one's (`auto_plan`), within the budget (`Budget`); under xdist the plan
+    is made once from every worker's stage one (`_shared_plan`). Returns how many measured
+    runs ran."""
     import time
 
     perf = ms.matrix.performance
     total = int(perf.processes)
     todo, ms.ran = list(ms.ran), []
-    if total <= 1 or not todo or ms.matrix.runner.launcher != "local":
-        return 0  # a scheduler's node cannot be sampled: its timings are never usable
     runs = [(c, m, d, h) for c, m, d, h in todo if _wanted(d)]
+    if total <= 1 or not todo or ms.matrix.runner.launcher != "local":
+        if perf.auto and ms.worker is not None:  # the other workers wait for this one's
+            _shared_plan(ms, [], None, 0, lambda: 0.0, say, plan=False)
+        return 0  # a scheduler's node cannot be sampled: its timings are never usable
     count = 0
-    start = time.monotonic()
+    budget = Budget(float(getattr(ms, "started", time.time())), perf.budget, len(todo)) \
+        if perf.auto else None
+    stop: str | None = None
     try:
-        for k in range(2, total + 1):
-            count += _round(ms, runs, k)
-            if say is not None and perf.auto:
-                say(f"rlk: auto stage 1: process {k} of {total} per cell "
-                    f"({len(runs)} cells)")
-        if perf.auto and runs:
+        try:
+            for k in range(2, total + 1):
+                count += _round(ms, runs, k, budget)
+                if say is not None and perf.auto:
+                    say(f"rlk: auto stage 1: process {k} of {total} per cell "
+                        f"({len(runs)} cells)")
+        except OutOfBudget:
+            assert budget is not None
+            stop = (f"the budget ({perf.budget:g} min) did not hold stage 1: "
+                    f"{budget.used():.0f} s used, a process costs about "
+                    f"{budget.per_process:.0f} s")
+        if perf.auto and budget is not None:
             records = [ms._analyze(d, c) for c, _, d, _ in runs]
-            round_s = (time.monotonic() - start) / max(1, total - 1)
-            left = perf.budget * 60.0 - (time.monotonic() - start) - round_s  # + round 1
-            target, said = auto_target(records, total, round_s, left)
+            for (_, _, d, _), rec in zip(runs, records, strict=True):
+                ms.write_json(d / RECORD_CACHE, rec)
+            round_s = budget.per_process * max(1, len(runs))
+            if ms.worker is not None:
+                target, said, why = _shared_plan(ms, runs, stop, total, budget.left, say)
+            else:
+                target, said, why = (total, [], stop) if stop else auto_plan(
+                    records, total, round_s, budget.left())
             if say is not None:
-                say(f"rlk: auto: stage 1 gave {len(said)} statements; stage 2 runs processes "
-                    f"{total + 1}-{target} per cell ({round_s:.0f} s a round, budget "
-                    f"{perf.budget:g} min)" if target > total else
-                    "rlk: auto: stage 1 resolves what it can; no stage 2")
+                if why:
+                    say(f"rlk: auto: stopped after stage 1: {why}")
+                elif target > total:
+                    say(f"rlk: auto: stage 1 gave {len(said)} statements; stage 2 runs "
+                        f"processes {total + 1}-{target} per cell ({round_s:.0f} s a round, "
+                        f"{budget.used():.0f} s of {budget.seconds:.0f} s used)")
+                else:
+                    say("rlk: auto: stage 1 resolves what it can; no stage 2")
                 for line in said:
                     say(f"rlk:   {line}")
-            for k in range(total + 1, target + 1):
-                count += _round(ms, runs, k)
+            ms.auto_stop = why
+            try:
+                for k in range(total + 1, target + 1):
+                    count += _round(ms, runs, k, budget)
+                    if say is not None:
+                        say(f"rlk: auto stage 2: process {k} of {target} per cell "
+                            f"({budget.used():.0f} s of {budget.seconds:.0f} s)")
+            except OutOfBudget:
+                ms.auto_stop = (f"stage 2 stopped at the budget ({budget.used():.0f} s of "
+                                f"{budget.seconds:.0f} s; a process costs about "
+                                f"{budget.per_process:.0f} s)")
                 if say is not None:
-                    say(f"rlk: auto stage 2: process {k} of {target} per cell "
-                        f"({time.monotonic() - start:.0f} s of {perf.budget * 60:.0f} s)")
+                    say(f"rlk: auto: {ms.auto_stop}")
+            _note_stop(ms, runs, ms.auto_stop)
     finally:  # stopped or not: each record with the measured runs that did run (and why not)
         for cell, _, run_dir, _ in runs:
             ms.write_json(run_dir / RECORD_CACHE, ms._analyze(run_dir, cell))
     return count
+
+
+AUTO_DIR = ".auto"
+PLAN_FILE = "plan.json"
+
+
+def _note_stop(ms: Any, runs: list[Any], why: str | None) -> None:
+    """Leave why the auto session stopped where the controller finds it (`stop_reason`)."""
+    if not why:
+        return
+    folder = ms.root / AUTO_DIR
+    folder.mkdir(exist_ok=True)
+    write_json_atomic(folder / f"stop.{ms.worker or 'main'}.json", {"why": why})
+
+
+def stop_reason(root: Path) -> str | None:
+    """Why an auto session stopped early (the first reason any worker left), or None."""
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
+
+    folder = root / AUTO_DIR
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("stop.*.json")):
+        try:
+            why = json.loads(read_bytes(path, root, 1 << 16)).get("why")
+        except (OSError, ValueError, AttributeError, Refused):
+            continue
+        if isinstance(why, str) and why:
+            return why
+    return None
+
+
+def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int,
+                 left: Callable[[], float], say: Any,
+                 plan: bool = True) -> tuple[int, list[str], str | None]:
+    """Under xdist: write this worker's stage one, wait for every worker's (at most until the
+    budget's end), then the plan made once from all of them (`<root>/.auto/plan.json`).
+    `plan=False`: a worker with no run of its own only says what it ran."""
+    import os
+    import time
+
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
+
+    folder = ms.root / AUTO_DIR
+    folder.mkdir(exist_ok=True)
+    me = str(ms.worker)
+    mine = {"worker": me, "runs": [str(d.relative_to(ms.root)) for _, _, d, _ in runs],
+            "stop": stop, "per_process_s": None, "items": sorted(getattr(ms, "items_ran", ())),
+            "round_s": None}
+    if runs and hasattr(ms, "started"):
+        mine["per_process_s"] = (time.time() - float(ms.started)) / max(
+            1, len(runs) * max(1, first))
+    write_json_atomic(folder / f"stage1.{me}.json", mine)
+    if not plan:
+        return first, [], None
+    expected = set(getattr(ms, "all_items", ()) or ())
+    deadline = time.monotonic() + max(0.0, left())
+    said_wait = False
+
+    def _load(path: Path) -> Any:
+        try:
+            return json.loads(read_bytes(path, ms.root, 1 << 22))
+        except (OSError, ValueError, Refused):
+            return None
+
+    while True:
+        stages = [x for x in (_load(p) for p in sorted(folder.glob("stage1.*.json")))
+                  if isinstance(x, dict)]
+        covered = {i for x in stages for i in x.get("items") or []}
+        if expected <= covered or time.monotonic() >= deadline:
+            break
+        if say is not None and not said_wait:
+            say("rlk: auto: waiting for the other workers' stage 1")
+            said_wait = True
+        time.sleep(0.5)
+    plan_path = folder / PLAN_FILE
+    made = _load(plan_path) if plan_path.exists() else None
+    if not isinstance(made, dict):
+        records: list[dict[str, Any]] = []
+        for x in stages:
+            for rel in x.get("runs") or []:
+                rec = _load(ms.root / rel / RECORD_CACHE)
+                if isinstance(rec, dict):
+                    records.append(rec)
+        per = [float(x["per_process_s"]) for x in stages
+               if isinstance(x.get("per_process_s"), (int, float))]
+        # the workers run their rounds side by side: a round costs the largest worker's share
+        share = max([len(x.get("runs") or []) for x in stages] or [1])
+        round_s = (max(per) if per else 0.0) * max(1, share)
+        stops = [str(x["stop"]) for x in stages if x.get("stop")]
+        missing = sorted(expected - {i for x in stages for i in x.get("items") or []})
+        if stops:
+            target, said, why = first, [], stops[0]
+        elif missing:
+            target, said, why = first, [], (f"{len(missing)} item(s) of other workers had no "
+                                            "stage 1 before the budget's end")
+        else:
+            target, said, why = auto_plan(records, first, round_s, left())  # after waiting
+        made = {"target": target, "said": said, "why": why, "by": me,
+                "workers": len(stages), "records": len(records)}
+        draft = folder / f"plan.{me}.json"
+        write_json_atomic(draft, made)
+        try:  # linked exclusively, whole: the first worker's plan is everyone's
+            os.link(draft, plan_path)
+        except FileExistsError:
+            theirs = _load(plan_path)
+            made = theirs if isinstance(theirs, dict) else made
+    return int(made.get("target") or first), list(made.get("said") or []), made.get("why")
 
 
 def refresh(ms: Any) -> int:

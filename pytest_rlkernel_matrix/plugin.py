@@ -179,6 +179,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                 hardware=list(shared["hardware"]), mode=mode, layout=layout,
                                 token=shared["token"], created=shared["created"])
         session.fingerprints = dict(shared["fingerprints"])
+        session.started = float(shared.get("started") or session.started)
         session.probe = bool(config.getoption("rlk_probe"))
         session.devices = shared.get("devices")
         session.worker = shared.get("worker")
@@ -382,6 +383,11 @@ def _performance_lines(ms: MatrixSession) -> list[str]:
 
         perf = performance(list(ms.records.values()))
     note = [str(perf["note"])] if perf.get("note") else []  # a reason all share, said once
+    from pytest_rlkernel_matrix.extra_runs import stop_reason
+
+    stop = ms.auto_stop or stop_reason(ms.root)
+    if stop:  # --rlk-processes=auto stopped early: why, with the figures (issue 52)
+        note.insert(0, f"performance: auto stopped early: {stop}")
     return note + [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]
 
 
@@ -477,8 +483,12 @@ class MatrixHooks:
         """After this process's last item: the measured runs of the runs it started
         (`[performance] processes`), interleaved round by round (`extra_runs`)."""
         ms = self.session
-        if nextitem is None and ms.ran and not (ms.plan or ms.dry):
+        ms.items_ran.add(item.nodeid)
+        auto_worker = ms.matrix.performance.auto and self.is_worker
+        if nextitem is None and (ms.ran or auto_worker) and not (ms.plan or ms.dry):
             from pytest_rlkernel_matrix.extra_runs import run_measured
+
+            ms.all_items = {i.nodeid for i in item.session.items}
 
             total = ms.matrix.performance.processes
             reporter = self.config.pluginmanager.getplugin("terminalreporter")

@@ -136,6 +136,13 @@ class MatrixSession:
     # (cell, mode, run directory, env hook) of each run this process started, in order: the
     # measured runs (`[performance] processes`) repeat them round by round (`extra_runs`).
     ran: list[tuple[Cell, str, Path, Any]] = field(default_factory=list)
+    # --rlk-processes=auto (`extra_runs`): the session's start (epoch seconds; a worker takes
+    # the controller's), the items this process ran and all of the session's (under xdist: when
+    # every worker's stage one is in), and why the session stopped early (None: it did not).
+    started: float = field(default_factory=time.time)
+    items_ran: set[str] = field(default_factory=set)
+    all_items: set[str] = field(default_factory=set)
+    auto_stop: str | None = None
 
     def __post_init__(self) -> None:
         # Secret values this session can see: its environment, the matrix file's env tables and

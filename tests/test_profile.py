@@ -308,6 +308,11 @@ def test_drill_end_to_end_names_ffn_rollout(pytester: pytest.Pytester, tmp_path:
     assert result.ret == 0, result.stdout.str()
     out = result.stdout.str()
     assert f"rlk: FAULT DRILL RLK_REF_FAULT={DRILL}" in out
+    if "did not hold stage 1" in out or "auto: stopped after stage 1" in out:
+        # the budget is a promise (issue 52): a busy box stops early and says why
+        assert "performance: auto stopped early:" in out, out
+        pytest.xfail("this box stopped the session early: " + next(
+            line for line in out.splitlines() if "auto stopped early" in line))
     assert "rlk: auto stage 1: process 3 of 3 per cell" in out
     assert "ffn, rollout side: R " in out  # the profile: ffn's rollout kernels
     report = json.loads((root / "matrix-report.json").read_text())

@@ -93,6 +93,7 @@ class XdistIntegration:
             "token": ms.token,
             "hardware": list(ms.hardware),
             "created": ms.created,
+            "started": ms.started,  # the budget of --rlk-processes=auto runs from here
             "fingerprints": dict(ms.fingerprints),
             "devices": None,
             "worker": getattr(node.gateway, "id", None),

@@ -154,7 +154,10 @@ def attach(record: dict[str, Any], run_dir: Path,
 
     own = _own_reason(record)
     runs: list[dict[str, Any]] = [{"process": 1, "dir": ".", "role": "correctness",
-                                   "used": own is None, "reason": own}]
+                                   "used": own is None, "reason": own,
+                                   "reasons": [str(r) for r in ((record.get("validity") or {})
+                                               .get("performance") or {}).get("reasons") or []]
+                                   if own else []}]
     groups: dict[str, list[list[float]]] = {p: [] for p in PHASES}
     if own is None:
         for phase in PHASES:
@@ -171,6 +174,9 @@ def attach(record: dict[str, Any], run_dir: Path,
             seen.append((d.name, mine))
         runs.append({"process": k, "dir": d.name, "role": "measured", "used": why is None,
                      "reason": why, "run_id": other.get("run_id"),
+                     # every reason its timings were refused, in order of cause (issue 52)
+                     "reasons": [str(r) for r in ((other.get("validity") or {}).get(
+                         "performance") or {}).get("reasons") or []],
                      "window": other.get("window"),
                      # the plugin's own seconds on this process (session + its analysis) and
                      # the process's wall time: benchmarks/bench_overhead.py --processes

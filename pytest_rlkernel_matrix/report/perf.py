@@ -54,6 +54,9 @@ from pytest_rlkernel_matrix.report.perf_text import (
     compact,
     no_statement,
     one_process_why,
+    refusal_lines,
+    refusals,
+    remedy,
     report_note,
     report_reasons,
 )
@@ -181,6 +184,12 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                             f"{r.get('reason')}" for case in CELLS
                             for r in (cells[case].get("measured") or {}).get("runs") or []
                             if not r.get("used")]
+        # the terminal counts them by cause, in order of cause, with the worst figure
+        entry["refused"] = refusals(cells[c] for c in CELLS)
+        entry["ran"] = sum(len((cells[c].get("measured") or {}).get("runs") or [])
+                           for c in CELLS)
+        entry.update(requested=int(declared.processes), auto=bool(declared.auto),
+                     budget=float(declared.budget))
         for phase in PHASES:
             groups = {c: process_steps(cells[c], phase) for c in CELLS}
             if not all(groups.values()):
@@ -213,7 +222,8 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 if refused:
                     s.update(kind=NOT_JUDGED, why=refused)
                 elif f.effects[side].se is None:
-                    s.update(kind=INCONCLUSIVE, why=one_process_why())
+                    s.update(kind=INCONCLUSIVE, why=one_process_why(
+                        int(declared.processes), bool(declared.auto), float(declared.budget)))
                 else:
                     answers.append((s, Answer((hardware, module, side, phase), f.effects[side]),
                                     f, costs))
@@ -224,6 +234,10 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             resolve = plan(f, str(s["side"]), a.alpha, margin, costs)
             s["resolve"] = None if resolve is None else {"processes": resolve[0],
                                                          "steps": resolve[1]}
+            if resolve is not None:  # at the steps the workload runs (what auto can add)
+                now = plan(f, str(s["side"]), a.alpha, margin, costs,
+                           max_steps=round(f.measured_steps or f.steps))
+                s["resolve"]["processes_at_measured_steps"] = None if now is None else now[0]
             if resolve is None:
                 s["why"] = (f"more than {64} processes per cell would be needed for ±"
                             f"{margin:.0%} at this noise")
@@ -267,9 +281,11 @@ def module_line(entry: Mapping[str, Any], margin: float, family: int,
     when the report's note says it: `said`) and the point figures (`report.perf_text`)."""
     stmts = entry["statements"]
     name = f"{entry['hardware']} {entry['module']} performance"
-    dropped = entry.get("dropped") or []
-    tail = (f"\n  {len(dropped)} process(es) not counted: " + "; ".join(dropped)
-            if dropped else "")
+    causes = entry.get("refused") or {}
+    tail = "".join(f"\n  {line}" for line in refusal_lines(causes, int(entry.get("ran") or 0)))
+    if causes:
+        tail += "\n  " + remedy(causes, int(entry.get("requested") or 1),
+                                bool(entry.get("auto")), float(entry.get("budget") or 0))
     if not stmts:
         return f"{name}: no phase timed in all four cells" + tail
     reasons = no_statement(stmts)

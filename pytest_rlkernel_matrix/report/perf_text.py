@@ -13,7 +13,8 @@ Imports nothing of the report; `report.perf` and `report.attribution` use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 ONE_PROCESS = "one process per cell"
@@ -27,13 +28,24 @@ _SHORT_PHASE = {"rollout_wall_time": "rollout", "training_wall_time": "training"
                 "weight_sync_wall_time": "weight sync", "step_wall_time": "step"}
 
 
-def one_process_why() -> str:
-    """The `why` of a statement that one process per cell left without an interval."""
+AFTER_REFUSALS = ("the other processes were refused (see the reasons); fix their cause, or "
+                  "more processes: ")
+
+
+def one_process_why(processes: int = 1, auto: bool = False, budget: float = 0.0) -> str:
+    """The `why` of a statement that one process per cell left without an interval, with the
+    remedy that fits what was passed: never --rlk-processes=auto to a session that ran it."""
+    if auto:
+        return (f"{ONE_PROCESS_WHY}; the other processes were refused (see the reasons): fix "
+                f"their cause, or a larger --rlk-perf-budget (now {budget:g} min)")
+    if processes > 1:
+        return (f"{ONE_PROCESS_WHY}; {AFTER_REFUSALS}--rlk-processes={2 * processes} or "
+                "--rlk-processes=auto")
     return f"{ONE_PROCESS_WHY}; {HOW}"
 
 
 def _short(why: str) -> str:
-    return ONE_PROCESS if why == one_process_why() else why
+    return ONE_PROCESS if why.startswith(ONE_PROCESS_WHY) else why
 
 
 def no_statement(statements: Sequence[Mapping[str, Any]]) -> list[str] | None:
@@ -90,10 +102,17 @@ def report_reasons(modules: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def report_note(modules: Sequence[Mapping[str, Any]]) -> str | None:
     """The report's one line for the reasons it says once (`report_reasons`), with the
-    remedy for one process per cell; None when there are none."""
+    remedy for one process per cell that fits what was passed; None when there are none."""
     reasons = report_reasons(modules)
     if not reasons:
         return None
+    first = next((m for m in modules if "requested" in m), None)
+    if first is not None and (first.get("auto") or int(first.get("requested") or 1) > 1):
+        remedy_ = one_process_why(int(first.get("requested") or 1), bool(first.get("auto")),
+                                  float(first.get("budget") or 0)).removeprefix(
+                                      ONE_PROCESS_WHY + "; ")
+        return "performance: no statement: " + "; ".join(
+            f"{ONE_PROCESS} ({remedy_})" if r == ONE_PROCESS else r for r in reasons)
     every = all(no_statement(m.get("statements") or []) == reasons for m in modules
                 if m.get("statements"))
     if not every:  # one process per cell in some modules only (records of several sessions)
@@ -110,3 +129,94 @@ def timing_text(statements: Sequence[Mapping[str, Any]]) -> str | None:
         return None
     figs = figures(statements)
     return f"timings: no statement ({'; '.join(reasons)})" + (f": {figs}" if figs else "")
+
+
+# -- refused processes, by cause (issue 52) -------------------------------------------------------
+
+# causes in order of cause: contamination makes steps noisy, noise makes intervals wide
+CAUSES = ("contamination", "noise", "fell back", "route changed", "failed", "duplicate",
+          "other")
+_SPREAD = re.compile(r"spread (?:\(max-min\)/median )?([\d.]+)%")
+_SHARE = re.compile(r"used ([\d.]+)% of the")
+
+
+def cause_of(reasons: Sequence[str], reason: str | None) -> str:
+    """A refused process's cause: the first of its reasons, in order of cause."""
+    text = " ".join([*reasons, reason or ""])
+    if "contaminat" in text:
+        return "contamination"
+    if "noise" in text or "spread" in text:
+        return "noise"
+    if "fell back" in text or "fallback" in text:
+        return "fell back"
+    if "route" in text:
+        return "route changed"
+    if "duplicate" in text:
+        return "duplicate"
+    if "timed out" in text or "error" in text or "exit code" in text:
+        return "failed"
+    return "other"
+
+
+def _figure(cause: str, run: Mapping[str, Any], reasons: Sequence[str]) -> tuple[float, str]:
+    """(how bad, the figure shown) of one refused process for its cause."""
+    if cause == "contamination":
+        share = (run.get("contamination") or {}).get("foreign_cpu_share")
+        for r in reasons:
+            m = _SHARE.search(r)
+            if m:
+                return float(m[1]) / 100, r.removeprefix("contaminated: ")
+        if isinstance(share, (int, float)):
+            return float(share), f"other processes used {share:.0%} of the cell's CPUs"
+    if cause == "noise":
+        for r in reasons:
+            m = _SPREAD.search(r)
+            if m:
+                return float(m[1]) / 100, r.removeprefix("noise: ")
+    first = next(iter(reasons), None) or str(run.get("reason") or cause)
+    return 0.0, first
+
+
+def refusals(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per cause (`CAUSES` order), the refused processes of `records`: count and the worst
+    figure."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        for run in (rec.get("measured") or {}).get("runs") or []:
+            if run.get("used"):
+                continue
+            reasons = [str(r) for r in run.get("reasons") or []] or [str(run.get("reason"))]
+            cause = cause_of(reasons, run.get("reason"))
+            bad, shown = _figure(cause, run, reasons)
+            entry = out.setdefault(cause, {"count": 0, "worst": -1.0, "figure": shown})
+            entry["count"] += 1
+            if bad > entry["worst"]:
+                entry["worst"], entry["figure"] = bad, shown
+    return {c: out[c] for c in CAUSES if c in out}
+
+
+def _cut(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def refusal_lines(causes: Mapping[str, Mapping[str, Any]], ran: int) -> list[str]:
+    """One line per cause: '8 of 12 processes refused for contamination (worst: ...)'."""
+    return [_cut(f"{c['count']} of {ran} processes refused for {cause} (worst: {c['figure']})")
+            for cause, c in causes.items()]
+
+
+def remedy(causes: Iterable[str], processes: int, auto: bool, budget: float) -> str:
+    """What to do about refused processes, fitting what was passed (never suggesting
+    --rlk-processes=auto to a session that ran it)."""
+    causes = list(causes)
+    fix = []
+    if "contamination" in causes:
+        fix.append("run where no other job shares the CPUs/GPUs (or stop it)")
+    if "noise" in causes:
+        fix.append("steady the steps (a quiet machine; raise [runner] repeats)")
+    if any(c not in ("contamination", "noise") for c in causes):
+        fix.append("fix what the refused processes' reasons name (matrix-report.json)")
+    more = (f"or a larger --rlk-perf-budget (now {budget:g} min)" if auto else
+            f"or more processes: --rlk-processes={max(3, 2 * processes)} or "
+            "--rlk-processes=auto")
+    return "remedy: " + "; ".join(fix) + f"; {more}" if fix else f"remedy: {more}"

@@ -457,9 +457,12 @@ def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
         why.append("contamination not measured: no samples during the run")
     share = measured.get("foreign_cpu_share")
     if share is not None and share > policy.max_foreign_cpu:
+        from pytest_rlkernel_matrix.spec.limits import over
+
+        got, lim = over(float(share), float(policy.max_foreign_cpu))
         why.append(
-            f"contaminated: processes outside the cell used {share:.0%} of the "
-            f"{measured.get('cpus')} CPUs{_scope(measured)} (limit {policy.max_foreign_cpu:.0%}; "
+            f"contaminated: processes outside the cell used {got} of the "
+            f"{measured.get('cpus')} CPUs{_scope(measured)} (limit {lim}; "
             f"load average {measured.get('load1_mean')} mean, {measured.get('load1_max')} max)")
     concurrent = [c for c in measured.get("concurrent_cells") or [] if c.get("shared_devices")]
     total = sum(float(c.get("overlap_s", 0)) for c in concurrent)

@@ -38,3 +38,13 @@ class Policy:
             return cls()
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
+
+
+def over(value: float, limit: float) -> tuple[str, str]:
+    """`value` and `limit` as percentages with the digits that decide `value > limit`: never
+    '50% > 50%' (0.504 against 0.50 reads '50.4% > 50%')."""
+    for digits in range(0, 5):
+        a, b = f"{value * 100:.{digits}f}%", f"{limit * 100:.{digits}f}%"
+        if a != b:
+            return a, b
+    return f"{value * 100:.6f}%", f"{limit * 100:.6f}%"

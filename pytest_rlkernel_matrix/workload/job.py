@@ -18,6 +18,7 @@ same samples, CP ranks hold zigzag slices of each response at logit positions (R
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -367,6 +368,11 @@ def run_cell(args: argparse.Namespace, env: Env, drill: FaultDrill | None, t_sta
     threads = intra_op_threads(os.environ, world)
     if threads is not None:
         torch.set_num_threads(threads)
+        # inter-op threads follow the same share (issue 52: a default pool of one thread per
+        # core on a 1-CPU share made single steps 5-8x slower); only settable before any
+        # inter-op work, so a second call (an in-process caller) keeps what is set
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_interop_threads(threads)
     try:
         grid = init_grid(args.tp, args.cp, device)
     except LaunchError as exc:

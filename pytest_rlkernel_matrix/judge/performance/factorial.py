@@ -11,10 +11,17 @@ The model (docs/en/performance.md, "The statistical model"):
   averaged over the rollout side), the **rollout side's** ``(RR + PR)/2 - (RP + PP)/2``, the
   **interaction** ``RR - PR - RP + PP`` (shown, not a statement). exp() of an effect is a time
   ratio, time with R / time with P; below 1 R takes less time.
-- **Variance.** Pooled over the four cells (``df = sum(n_c - 1)``) when Bartlett's test
-  (`bartlett_p`: scipy.stats.bartlett's statistic) does not reject equal variances at 5%;
-  otherwise each cell's own variance and Welch-Satterthwaite degrees of freedom. Intervals from
-  Student's t (scipy's, `t_quantile`).
+- **Variance.** Pooled over the four cells (``df = sum(n_c - 1)``) only when the cells are
+  **balanced** (the same number of processes in each) and Bartlett's test (`bartlett_p`:
+  scipy.stats.bartlett's statistic) does not reject equal variances at 5%: then the pooled
+  standard error of a main effect is exactly the per-cell one and only the degrees of freedom
+  differ. Otherwise (cells of unequal size, or unequal variances) each cell's own variance, and
+  the degrees of freedom of the **thinnest cell** (``min(n_c - 1)``, Hsu's conservative choice:
+  Welch-Satterthwaite's estimated df trusts a 2-process cell's variance, and with cells of 2
+  and 8 processes gave 11% false statements where 5% is promised). A cell of 2 processes thus
+  gives 1 degree of freedom: its statements are inconclusive, not wrong
+  (`benchmarks/bench_perf_coverage.py`, unequal rows). Intervals from Student's t (scipy's,
+  `t_quantile`).
 - **Three answers per side and phase** (`decide`): "slower"/"faster" when the interval excludes
   1; "no difference within +-m" when the whole interval lies inside ``[1/(1+m), 1+m]``
   (``[performance] equivalence``, default 5%); otherwise "inconclusive", with about how many
@@ -166,10 +173,13 @@ class Fit:
 
 
 def _welch(weights: Sequence[float], cells: Sequence[CellFit]) -> tuple[float, float]:
+    """Per-cell variances: the standard error, and the degrees of freedom of the thinnest cell
+    the contrast weighs (Hsu; never more than Welch-Satterthwaite's)."""
     terms = [w * w * (c.var or 0.0) / c.n for w, c in zip(weights, cells, strict=True)]
     se2 = sum(terms)
     denom = sum(t * t / (c.n - 1) for t, c in zip(terms, cells, strict=True))
-    df = se2 * se2 / denom if denom > 0 else float(sum(c.n - 1 for c in cells))
+    thinnest = float(min(c.n - 1 for w, c in zip(weights, cells, strict=True) if w))
+    df = min(thinnest, se2 * se2 / denom) if denom > 0 else thinnest
     return math.sqrt(se2), df
 
 
@@ -200,14 +210,18 @@ def fit(groups: Mapping[str, Sequence[Sequence[float]]]) -> Fit:
     pooled_var = sum((c.n - 1) * v for c, v in zip(ordered, variances, strict=True)) / sum(
         c.n - 1 for c in ordered)
     bartlett: float | None = None
+    balanced = len({c.n for c in ordered}) == 1
     if all(v > 0 for v in variances):
         bartlett = bartlett_p([c.y for c in ordered])
-        pooled = bartlett >= EQUAL_VARIANCE_ALPHA
+        pooled = balanced and bartlett >= EQUAL_VARIANCE_ALPHA
     else:
-        pooled = True  # a cell of identical processes: nothing to test, pool
+        pooled = balanced  # a cell of identical processes: nothing to test
     if not pooled:
-        notes.append(f"cell variances differ (Bartlett p={bartlett:.3g}): Welch-Satterthwaite "
-                     "degrees of freedom")
+        sizes = "/".join(str(c.n) for c in ordered)
+        why = (f"cell variances differ (Bartlett p={bartlett:.3g})" if balanced and bartlett
+               is not None else f"cells of unequal size ({sizes} processes)")
+        notes.append(f"{why}: each cell's own variance, the thinnest cell's degrees of "
+                     "freedom")
     for name, w in WEIGHTS.items():
         est = float(np.dot(w, means))
         if pooled:
@@ -292,13 +306,15 @@ def decide(answers: Sequence[Answer], confidence: float, margin: float) -> None:
 
 
 def plan(f: Fit, effect: str, alpha: float, margin: float,
-         costs: tuple[float, float] | None = None) -> tuple[int, int] | None:
+         costs: tuple[float, float] | None = None,
+         max_steps: int | None = None) -> tuple[int, int] | None:
     """About how many processes per cell x steps per process would resolve `effect` at +-margin:
     a two-sided 1 - alpha interval of half-width at most log(1 + margin) / 2 either excludes 1
     or lies inside the margin, whatever the estimate. From the measured variance components
     (between processes, step noise) and `costs` (a process's fixed seconds, a step's seconds;
     unmeasured: a process costs `DEFAULT_START_STEPS` steps), the cheapest (N, S) in time;
-    None when no N <= `MAX_PROCESSES` would."""
+    None when no N <= `MAX_PROCESSES` would. `max_steps`: S at most that (the steps the
+    workload runs: what `--rlk-processes=auto` can add is processes, not steps)."""
     if f.within_var is None or f.between_var is None:
         return None
     c0, c1 = costs if costs else (DEFAULT_START_STEPS, 1.0)
@@ -310,7 +326,7 @@ def plan(f: Fit, effect: str, alpha: float, margin: float,
     quant = t_quantile(1.0 - alpha / 2.0, 4.0 * (ns - 1))
     best: tuple[float, int, int] | None = None
     s_min = max(2, round(f.measured_steps or f.steps))
-    for s in range(s_min, MAX_STEPS + 1):
+    for s in range(s_min, max(s_min, min(MAX_STEPS, max_steps or MAX_STEPS)) + 1):
         var_proc = f.between_var + f.within_var / s
         ok = np.nonzero(quant * np.sqrt(cw * var_proc / ns) <= target)[0]
         if ok.size:

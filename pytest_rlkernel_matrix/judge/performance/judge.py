@@ -31,8 +31,7 @@ def judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mode
                if medians.get(k) is None]
     if missing:
         perf.fail(f"no phase wall-clock in run.log for {', '.join(missing)}")
-    for reason in timing_noise(spread, policy):
-        perf.fail(reason)
+    # in order of cause: contamination (which makes steps noisy) before the noise itself
     for reason in contamination_judge(ev.contamination, policy):
         perf.fail(reason)
     for key, label in CONTAMINATING_ENV.items():
@@ -40,6 +39,8 @@ def judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mode
             perf.fail(f"contaminated: {label} ({key}={env[key]})")
     for label, line in ev.log.contamination.items():
         perf.fail(f"contaminated: {label}: {line[:160]}")
+    for reason in timing_noise(spread, policy):
+        perf.fail(reason)
     if not route_ok:
         why = "auto-mode fallback" if mode == "auto" else "the requested route did not run"
         perf.fail(f"not usable for RL-Kernel performance conclusions: {why}")

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_rlkernel_matrix.spec.limits import Policy
+from pytest_rlkernel_matrix.spec.limits import Policy, over
 
 RESAMPLES = 4000
 SEED = 20240601
@@ -163,8 +163,9 @@ def compare_processes(num: Groups, den: Groups, policy: Policy, label: str) -> R
         elif s["relative_spread"] is None:
             reasons.append(f"{name} median is not positive")
         elif s["relative_spread"] > policy.max_relative_spread:
-            reasons.append(f"{name} spread {s['relative_spread']:.0%} of its median "
-                           f"({s['min']:.3g}-{s['max']:.3g} s) > {policy.max_relative_spread:.0%}")
+            got, lim = over(s["relative_spread"], policy.max_relative_spread)
+            reasons.append(f"{name} spread {got} of its median "
+                           f"({s['min']:.3g}-{s['max']:.3g} s) > {lim}")
     procs = (len(ga), len(gb))
     conclusion = NOISE
     single = min(procs) <= 1
@@ -229,10 +230,11 @@ def timing_noise(spread: Mapping[str, Any], policy: Policy) -> list[str]:
         s = _steady_spread(s)  # min_steps counts the measured steps, the spread the steady ones
         rel = s.get("relative_spread")
         if rel is None or rel > policy.max_relative_spread:
-            shown = "undefined" if rel is None else f"{rel:.0%}"
+            shown, lim = (("undefined", f"{policy.max_relative_spread:.0%}") if rel is None
+                          else over(rel, policy.max_relative_spread))
             dropped = (f", after {s['transient_dropped']} warm-up step(s)"
                        if s.get("transient_dropped") else "")
             why.append(f"noise: {label} time spread (max-min)/median {shown} > "
-                       f"{policy.max_relative_spread:.0%} (n={s['n']}, "
+                       f"{lim} (n={s['n']}, "
                        f"{s['min']:.3g}-{s['max']:.3g} s{dropped})")
     return why
