@@ -192,6 +192,18 @@ def read_cell_run(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
+def identity_problem(asked: Cell | None, ran: Cell) -> str | None:
+    """Why the run in a directory is not the cell asked for (None: it is, or none was asked):
+    its `cell-run.json` names another cell (id or cases); the directory is never judged as
+    the cell asked for."""
+    if asked is None:
+        return None
+    if ran.id != asked.id or ran.cases.as_dict() != asked.cases.as_dict():
+        return (f"identity: cell-run.json is the run of {ran.id} ({ran.name}), not of the cell "
+                f"asked for, {asked.id} ({asked.name}): not judged as {asked.name}")
+    return None
+
+
 def error_record(cell: Cell, mode: str, reason: str, artifact_dir: str | None) -> dict[str, Any]:
     """A cell whose run directory cannot be analysed: `error`, failed, with the reason."""
     record = not_run_record(cell, mode, reason, "error")
@@ -234,6 +246,9 @@ def analyze_run(
         if cell is None:
             raise
         return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
+    foreign = identity_problem(cell, run_cell)
+    if foreign is not None and cell is not None:
+        return scrub(error_record(cell, mode or str(meta["mode"]), foreign, artifact_dir))
     try:
         t0 = time.perf_counter()
         with pt_memo():  # the evidence and the per-step claims read each `.pt` file once

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from pytest_rlkernel_matrix.judge.read.fallback import fallback_in_text
 from pytest_rlkernel_matrix.store.safeio import MAX_LOG_BYTES, Refused, open_regular
 
 MAX_LINE_BYTES = 256 * 1024
@@ -32,8 +33,6 @@ _CONTAMINATION_TAG = "[RL-Kernel][contamination]"
 _CONTRACT_RE = re.compile(r"contract_id=(\S+)")
 # vime's evidence that native Megatron logp ran (it writes no readback record for it).
 LOGP_MARKERS = ("linear_logp native active:", "rlkernel mismatch sidecar active: logp_case=")
-# `fallback=true` as its own key (not `allow_fallback=true`), `fallback=1` too.
-_FALLBACK_RE = re.compile(r"(?<![\w.-])fallback=(?:true|1)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ TAIL_LINES = 20
 def _prefilter() -> re.Pattern[str]:
     """One alternation of every trigger below: a line matching none is skipped after one search
     (3-4x faster than trying each pattern; the full checks run only on candidate lines)."""
-    parts = [_RECORD_RE.pattern, re.escape("[RL-Kernel]["), "(?i:fallback=)", "contract_id=",
+    parts = [_RECORD_RE.pattern, re.escape("[RL-Kernel]["), "(?i:fall)", "contract_id=",
              "Traceback", *(re.escape(m) for m in LOGP_MARKERS)]
     for _, pat in ERROR_PATTERNS:
         parts.append(f"(?i:{pat.first.pattern})" if pat.first.flags & re.IGNORECASE
@@ -247,7 +246,7 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
                 for key, value in _kv(line.split(_CONTAMINATION_TAG, 1)[1]).items():
                     if value not in ("0", "false", "False"):
                         scan.contamination[key] = line.strip()[:500]
-            if _FALLBACK_RE.search(line):
+            if fallback_in_text(line):
                 _keep(scan.fallback_lines, line.strip()[:500], scan)  # type: ignore[arg-type]
             if any(marker in line for marker in LOGP_MARKERS):
                 _keep(scan.logp_markers, line.strip()[:500], scan)  # type: ignore[arg-type]
