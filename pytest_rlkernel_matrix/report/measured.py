@@ -131,16 +131,18 @@ def identity_reason(record: Mapping[str, Any], run_dir: Path, k: int) -> str | N
     `cell-run.json` must name the role (`RLK_MATRIX_RUN_ROLE=measured`), the process index
     (`RLK_MATRIX_PROCESS=k`) and the run id `<correctness run id>.p<k>` that `extra_runs` gives
     it; a missing fact is named, never assumed."""
-    from pytest_rlkernel_matrix.report.record import read_cell_run
+    from pytest_rlkernel_matrix.judge.read.cellrun import validated
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_json
 
     base = record.get("run_id")
     if not isinstance(base, str) or not base:
         return ("identity: the correctness run names no run id: its measured runs cannot be "
                 "shown to be its own")
     try:
-        meta = read_cell_run(run_dir)
-    except ValueError as exc:
-        return f"identity: {str(exc)[:200]}"
+        meta = read_json(run_dir / "cell-run.json", run_dir)
+        validated(meta, run_dir / "cell-run.json")
+    except (OSError, Refused, ValueError, RecursionError) as exc:
+        return f"identity: cell-run.json unreadable: {str(exc)[:200]}"
     env = meta.get("env") if isinstance(meta.get("env"), dict) else {}
     role, index, rid = env.get(ROLE_VAR), env.get(PROCESS_VAR), meta.get("run_id")
     if role != "measured":

@@ -179,11 +179,11 @@ def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
 
 def read_cell_run(run_dir: Path) -> dict[str, Any]:
     """`cell-run.json` as a dict; `ValueError` naming the file and key when it is unusable."""
-    from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, read_bytes
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_json
 
     path = run_dir / CELL_RUN_FILE
-    try:
-        meta = json.loads(read_bytes(path, run_dir, MAX_JSON_BYTES).decode("utf-8"))
+    try:  # (strict JSON: a key twice, NaN or Infinity is refused)
+        meta = read_json(path, run_dir)
     except (Refused, OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
     from pytest_rlkernel_matrix.judge.read.cellrun import validated

@@ -433,9 +433,11 @@ def watch(*, root: Path, run_dir: Path, run_id: str, backend: str, env: Mapping[
 
 def read_measurement(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's `contamination.json`, or None when it is missing or unreadable."""
-    try:
-        data = json.loads((run_dir / CONTAMINATION_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_json
+
+    try:  # through store: a regular file under the run, bounded; NaN and duplicate keys refused
+        data = read_json(run_dir / CONTAMINATION_FILE, run_dir)
+    except (OSError, ValueError, RecursionError, Refused):
         return None
     return data if isinstance(data, dict) else None
 
@@ -444,6 +446,12 @@ def _scope(measured: Mapping[str, Any]) -> str:
     owned = measured.get("owned")
     cpus = owned.get("cpus") if isinstance(owned, Mapping) else None
     return f" it owned ({','.join(map(str, cpus))})" if cpus else ""
+
+
+def _number(value: Any) -> bool:
+    """A finite share in [0, 1] (bool is not a number here)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value <= 1)
 
 
 def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
@@ -456,14 +464,17 @@ def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
     if not measured.get("samples"):
         why.append("contamination not measured: no samples during the run")
     share = measured.get("foreign_cpu_share")
-    if share is not None and share > policy.max_foreign_cpu:
+    if share is not None and not _number(share):
+        why.append(f"contamination not measured: foreign_cpu_share {share!r} is not a finite "
+                   "share in [0, 1]")
+    elif share is not None and not share <= policy.max_foreign_cpu:  # (NaN fails the limit)
         why.append(
             f"contaminated: processes outside the cell used {share:.0%} of the "
             f"{measured.get('cpus')} CPUs{_scope(measured)} (limit {policy.max_foreign_cpu:.0%}; "
             f"load average {measured.get('load1_mean')} mean, {measured.get('load1_max')} max)")
     concurrent = [c for c in measured.get("concurrent_cells") or [] if c.get("shared_devices")]
     total = sum(float(c.get("overlap_s", 0)) for c in concurrent)
-    if total > policy.max_concurrent_seconds:
+    if not total <= policy.max_concurrent_seconds:  # (NaN fails the limit)
         names = ", ".join(f"{c['run']} ({c['overlap_s']:.1f} s)" for c in concurrent[:3])
         why.append(f"contaminated: other cells of this session ran on the same devices for "
                    f"{total:.1f} s (limit {policy.max_concurrent_seconds:g} s): {names}")

@@ -275,16 +275,46 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON: a number must be finite")
+def _nonfinite_at(value: Any, where: str = "") -> str | None:
+    """The path of the first float in `value` that is not finite (iterative)."""
+    import math
+
+    stack = [(where, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{path or '(top level)'} = {item!r}"
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+    return None
 
 
 def loads_strict(text: str | bytes) -> Any:
-    """JSON as RFC 8259 has it: a key twice in one object, `NaN` and `Infinity` are
-    `ValueError`s (json's defaults take the last key and accept both)."""
+    """JSON as RFC 8259 has it: a key twice in one object, `NaN`, `Infinity` and a number too
+    large for a float (`1e999`) are `ValueError`s naming the key (json's defaults take the last
+    key and read the others as floats)."""
     import json
+    import math
 
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    odd: list[bool] = []
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            odd.append(True)
+        return value
+
+    def constant(name: str) -> float:
+        odd.append(True)
+        return float(name.replace("Infinity", "inf"))
+
+    data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant,
+                      parse_float=number)
+    if odd and (at := _nonfinite_at(data)):
+        raise ValueError(f"key {at}: not a finite number (refused)")
+    return data
 
 
 def read_json(path: Path, root: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:

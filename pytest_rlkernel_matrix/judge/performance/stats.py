@@ -158,7 +158,7 @@ def compare_processes(num: Groups, den: Groups, policy: Policy, label: str) -> R
     sa, sb = summary(flat_a), summary(flat_b)
     reasons: list[str] = []
     for name, s in (("numerator", sa), ("denominator", sb)):
-        if s["n"] < policy.min_steps:
+        if not s["n"] >= policy.min_steps:  # (NaN-safe: a comparison with NaN fails it)
             reasons.append(f"{name} has {s['n']} measured steps, minimum {policy.min_steps}")
         elif s["relative_spread"] is None:
             reasons.append(f"{name} median is not positive")
@@ -222,14 +222,14 @@ def timing_noise(spread: Mapping[str, Any], policy: Policy) -> list[str]:
         if not isinstance(s, Mapping):
             continue
         label = key.removesuffix("_wall_time")
-        if s["n"] < policy.min_steps:
+        if not s["n"] >= policy.min_steps:  # (NaN-safe: a comparison with NaN fails it)
             why.append(f"noise: {s['n']} measured step(s), the declared minimum is "
                        f"{policy.min_steps} ([performance] min_steps; raise [runner] repeats)")
             break
         s = _steady_spread(s)  # min_steps counts the measured steps, the spread the steady ones
         rel = s.get("relative_spread")
-        if rel is None or rel > policy.max_relative_spread:
-            shown = "undefined" if rel is None else f"{rel:.0%}"
+        if rel is None or not rel <= policy.max_relative_spread:  # NaN fails the limit
+            shown = "undefined" if rel is None or rel != rel else f"{rel:.0%}"
             dropped = (f", after {s['transient_dropped']} warm-up step(s)"
                        if s.get("transient_dropped") else "")
             why.append(f"noise: {label} time spread (max-min)/median {shown} > "

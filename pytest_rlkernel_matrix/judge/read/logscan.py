@@ -10,6 +10,7 @@ parsed with `ast.literal_eval`, never `eval`. Only a regular file inside the cel
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections import deque
 from collections.abc import Iterator
@@ -33,6 +34,30 @@ _CONTAMINATION_TAG = "[RL-Kernel][contamination]"
 _CONTRACT_RE = re.compile(r"contract_id=(\S+)")
 # vime's evidence that native Megatron logp ran (it writes no readback record for it).
 LOGP_MARKERS = ("linear_logp native active:", "rlkernel mismatch sidecar active: logp_case=")
+
+
+# Python prints a non-finite float as `nan` / `inf` (`-inf`), a name `literal_eval` refuses:
+# such a record is read with its value (then refused where it is judged, with a reason), never
+# dropped as unparsed while the rest of the run's timings count.
+_NONFINITE = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf,
+              "infinity": math.inf}
+
+
+class _Names(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in _NONFINITE:
+            return ast.copy_location(ast.Constant(_NONFINITE[node.id]), node)
+        return node
+
+
+def literal(text: str) -> object:
+    """`ast.literal_eval(text)`, with Python's `nan` / `inf` spellings read as floats."""
+    try:
+        return ast.literal_eval(text)
+    except ValueError:
+        if not any(name in text for name in _NONFINITE):
+            raise
+    return ast.literal_eval(_Names().visit(ast.parse(text, mode="eval")))
 
 
 @dataclass(frozen=True)
@@ -133,6 +158,7 @@ class LogScan:
     fallback_lines: list[str] = field(default_factory=list)
     lines: int = 0
     unparsed_records: int = 0
+    unparsed_kinds: dict[str, int] = field(default_factory=dict)  # per record kind
     long_lines: int = 0
     dropped_lines: int = 0
     problems: list[str] = field(default_factory=list)
@@ -227,13 +253,14 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
                 value: object = None
                 if text.endswith("}"):
                     try:
-                        value = ast.literal_eval(text)
+                        value = literal(text)
                     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                         value = None
                 if isinstance(value, dict):
                     scan.records.setdefault(m.group(1), []).append((int(m.group(2)), value))
                 else:
                     scan.unparsed_records += 1
+                    scan.unparsed_kinds[m.group(1)] = scan.unparsed_kinds.get(m.group(1), 0) + 1
             if _ROUTE_TAG in line:
                 _keep(scan.routes, _kv(line.split(_ROUTE_TAG, 1)[1]), scan)  # type: ignore[arg-type]
             if _UNSUPPORTED_TAG in line:
