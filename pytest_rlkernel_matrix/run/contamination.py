@@ -239,26 +239,36 @@ class Sampler:
 
     # shared file of running cells
     def _running(self, event: str) -> None:
+        from pytest_rlkernel_matrix.store.safeio import Refused, ensure_dir, open_append
+
         path = self.root / ".locks" / RUNNING_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"event": event, "run": self.run_id, "pid": self.me,
                            "t": time.time(), "devices": self.devices})
-        with path.open("a", encoding="utf-8") as fh:
+        try:  # (store: a .locks or a file linked out of the root, or a FIFO: refused)
+            ensure_dir(path.parent, self.root)
+            fh = open_append(path, self.root)
+        except Refused as exc:
+            self.errors.append(f"cannot record the running cells: {exc}")
+            return
+        with fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
-                fh.write(line + "\n")
+                fh.write((line + "\n").encode("utf-8"))
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _overlaps(self) -> list[dict[str, Any]]:
         path = self.root / ".locks" / RUNNING_FILE
         windows: dict[str, dict[str, Any]] = {}
-        try:
-            with path.open(encoding="utf-8") as fh:
+        from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, open_regular
+
+        try:  # (store: regular, under the root, bounded; a FIFO is refused, never waited on)
+            handle, _ = open_regular(path, self.root, MAX_JSON_BYTES)
+            with handle as fh:
                 fcntl.flock(fh, fcntl.LOCK_SH)
-                text = fh.read()
+                text = fh.read(MAX_JSON_BYTES).decode("utf-8", "replace")
                 fcntl.flock(fh, fcntl.LOCK_UN)
-        except OSError as exc:
+        except (OSError, Refused) as exc:
             self.errors.append(f"cannot read {path}: {exc}")
             return []
         for raw in text.splitlines():

@@ -18,6 +18,7 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_PT_BYTES = 4 * 1024 * 1024 * 1024
 MAX_LOG_BYTES = 8 * 1024 * 1024 * 1024
 MAX_SMALL_BYTES = 4096
+MAX_REPORT_BYTES = 1024 * 1024 * 1024  # a matrix report (a few MB at full size)
 
 
 class Refused(Exception):
