@@ -356,7 +356,7 @@ def test_duplicate_keys_and_nan_in_cell_run_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="duplicate key 'mode'"):
         read_cell_run(k.dir)
     (k.dir / "cell-run.json").write_text(text.replace('"wall_time": 1.0', '"wall_time": NaN'))
-    with pytest.raises(ValueError, match="run.wall_time"):
+    with pytest.raises(ValueError, match=r"run\.wall_time"):
         read_cell_run(k.dir)
     (k.dir / "cell-run.json").write_text(text.replace('"wall_time": 1.0', '"wall_time": -1.0'))
     with pytest.raises(ValueError, match="wall_time"):
