@@ -203,7 +203,7 @@ def _steady_spread(s: Mapping[str, Any]) -> Mapping[str, Any]:
     among 3 s ones refused a CPU drill's timings)."""
     steps = s.get("steps")
     if not isinstance(steps, list) or len(steps) < 4 or any(
-            not isinstance(v, (int, float)) or v <= 0 for v in steps):
+            not isinstance(v, (int, float)) or not 0 < v < math.inf for v in steps):
         return s
     from pytest_rlkernel_matrix.judge.performance.steady import mser
 
