@@ -384,3 +384,24 @@ def test_a_change_to_any_judging_module_refuses_the_cached_record(
         fh.write("\n# a rule changed\n")
     record, why, _ = cache.lookup(k.root, rel, {})
     assert record is None and why.startswith("judging code changed"), why
+
+
+def test_strict_json_names_the_key_of_a_non_finite_number_and_a_duplicate() -> None:
+    with pytest.raises(ValueError, match=r"a\.b\[1\]"):
+        safeio.loads_strict('{"a": {"b": [1, NaN]}}')
+    with pytest.raises(ValueError, match=r"x = inf"):
+        safeio.loads_strict('{"x": 1e999}')
+    with pytest.raises(safeio.Duplicate, match="'k'"):
+        safeio.loads_strict('{"k": 1, "j": {"k": 2}, "k": 3}')
+    assert safeio.loads_strict('{"k": 1.5, "j": [1e308]}') == {"k": 1.5, "j": [1e308]}
+
+
+def test_a_folder_linked_out_of_the_root_is_never_made_into(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (tmp_path / "out").mkdir()
+    root.mkdir()
+    (root / ".locks").symlink_to(tmp_path / "out")
+    with pytest.raises(safeio.Refused):
+        safeio.ensure_dir(root / ".locks" / "deeper", root)
+    assert list((tmp_path / "out").iterdir()) == []
+    assert safeio.ensure_dir(root / "a" / "b", root).is_dir()
