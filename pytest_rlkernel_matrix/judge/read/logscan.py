@@ -51,15 +51,15 @@ class _Names(ast.NodeTransformer):
 
 
 def literal(text: str) -> object:
-    """`ast.literal_eval(text)`, with Python's `nan` / `inf` spellings read as floats; a dict
-    that names a key twice is a `ValueError` (Python keeps the last value: a `nan` before a
-    good one would be hidden)."""
+    """`ast.literal_eval(text)`, with Python's `nan` / `inf` spellings read as floats; a record
+    that names one of its keys twice is a `ValueError` (Python keeps the last value: a `nan`
+    before a good one would be hidden)."""
     tree = ast.parse(text.lstrip(" \t"), mode="eval")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Dict):
-            keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
-            if len(keys) != len(set(keys)):
-                raise ValueError("a key named twice in one record")
+    body = tree.body
+    if isinstance(body, ast.Dict):  # (the record's own keys: where its figures are)
+        keys = [k.value for k in body.keys if isinstance(k, ast.Constant)]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a key named twice in one record")
     try:
         return ast.literal_eval(tree)
     except ValueError:
