@@ -30,6 +30,13 @@ from typing import Any
 
 from pytest_rlkernel_matrix import __version__
 from pytest_rlkernel_matrix.spec.terms import plural
+from pytest_rlkernel_matrix.store.safeio import (
+    MAX_REPORT_BYTES,
+    Refused,
+    read_json,
+    read_text,
+    write_new_text,
+)
 
 
 def _matrix_file(option: str | None) -> Path | None:
@@ -220,7 +227,7 @@ def _report(args: argparse.Namespace) -> int:
                          log=lambda line: print(line, file=sys.stderr))
     finally:
         lock.release()
-    report = json.loads(path.read_text())
+    report = json.loads(read_text(path, path.parent, MAX_REPORT_BYTES))
     print(summary_line(report, path))
     return 0
 
@@ -231,8 +238,8 @@ def _find_cell(root: Path, cell: str) -> Path | None:
         return root / cell
     for meta_path in sorted(root.glob("*/*/cell-run.json")):
         try:
-            c = json.loads(meta_path.read_text(encoding="utf-8")).get("cell") or {}
-        except (OSError, ValueError):
+            c = read_json(meta_path, root).get("cell") or {}
+        except (OSError, ValueError, AttributeError, RecursionError, Refused):
             continue
         names = {f"{c.get('module')} {c.get('case')}",
                  f"{c.get('hardware')} {c.get('module')} {c.get('case')}"}
@@ -256,7 +263,13 @@ def _probe(args: argparse.Namespace) -> int:
         print(f"rlk-matrix: no finished cell {args.cell!r} under {root} (give <hardware>/<slug> "
               "or 'module case')", file=sys.stderr)
         return 2
-    meta = json.loads((run_dir / "cell-run.json").read_text(encoding="utf-8"))
+    try:
+        meta = read_json(run_dir / "cell-run.json", root)
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RecursionError, Refused) as exc:
+        print(f"rlk-matrix: {run_dir}/cell-run.json unreadable: {exc}", file=sys.stderr)
+        return 2
     command = (meta.get("run") or {}).get("command")
     if not command:
         print(f"rlk-matrix: {run_dir}/cell-run.json records no command", file=sys.stderr)
@@ -268,7 +281,7 @@ def _probe(args: argparse.Namespace) -> int:
     cwd = Path.cwd()
     case_env = run_dir / "matrix-case.env"
     if case_env.is_file():
-        for line in case_env.read_text(encoding="utf-8").splitlines():
+        for line in read_text(case_env, root).splitlines():
             if line.startswith("#   cd "):
                 cwd = Path(shlex.split(line[len("#   cd "):].split(" && ")[0])[0])
                 break
@@ -401,7 +414,7 @@ def _table(args: argparse.Namespace) -> int:
 
     try:  # the plugin's own report only (RL-Kernel's `rlk debug` writes a matrix-report.json
         report = load_report(Path(args.report))  # of its own: debug_matrix_report.v2)
-    except MergeError as exc:
+    except (MergeError, OSError) as exc:
         print(f"rlk-matrix: {exc}", file=sys.stderr)
         return 2
     print("\n".join(markdown_table(report)))
@@ -504,8 +517,7 @@ def _init(args: argparse.Namespace) -> int:
         return 2
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with open(target, "x", encoding="utf-8") as fh:  # "x": never replaces a file
-            fh.write(template_text(args.engines))
+        write_new_text(target, template_text(args.engines))  # never replaces nor follows
     except FileExistsError:
         print(f"rlk-matrix: {target} exists; refusing to overwrite", file=sys.stderr)
         return 2

@@ -52,6 +52,14 @@ from pytest_rlkernel_matrix.spec.limits import Policy
 from pytest_rlkernel_matrix.spec.matrix import MatrixFile
 from pytest_rlkernel_matrix.store.atomic import write_json_atomic, write_text_atomic
 from pytest_rlkernel_matrix.store.redact import Scrubber
+from pytest_rlkernel_matrix.store.safeio import (
+    MAX_REPORT_BYTES,
+    Refused,
+    ensure_dir,
+    open_lock,
+    read_text,
+    write_text,
+)
 
 PREFLIGHT_FILE = "preflight.json"
 
@@ -87,9 +95,12 @@ def default_root(matrix_path: Path, option: str | None, env: Mapping[str, str],
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
+def _locked(path: Path, root: Path | None = None) -> Iterator[None]:
+    """An exclusive `flock` on `path`, opened through `store.safeio.open_lock` (never through
+    a link planted at its path; a folder linked out of `root` is refused)."""
+    root = root or path.parent
+    ensure_dir(path.parent, root)
+    with open_lock(path, root) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -285,21 +296,21 @@ class MatrixSession:
     def _run_one(self, cell: Cell, mode: str, env_hook: Any) -> dict[str, Any]:
         run_dir = self.run_dir(cell)
         lock = self.root / ".locks" / f"{cell.run_key.replace('/', '__')}.lock"
-        with _locked(lock):
+        with _locked(lock, self.root):
             cached = run_dir / RECORD_CACHE
             meta_path = run_dir / CELL_RUN_FILE
             if cell.run_key in self.pending:
                 record = self._execute(cell, mode, run_dir, env_hook, self.blockers(cell, mode))
                 return self._label(record, cell)
             if meta_path.exists():
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                meta = json.loads(read_text(meta_path, self.root))
                 if meta.get("superseded_by"):  # a requeued run: its second attempt decides
                     run_dir = self.root / meta["superseded_by"]
                     cached = run_dir / RECORD_CACHE
                 if meta.get("session") != self.token or meta.get("mode") != mode:
                     return refusal_record(cell, mode, run_dir)
                 if cached.exists():
-                    record = json.loads(cached.read_text(encoding="utf-8"))
+                    record = json.loads(read_text(cached, self.root, MAX_REPORT_BYTES))
                 else:
                     record = self._analyze(run_dir, cell)
                 return self._label(record, cell)
@@ -399,7 +410,8 @@ class MatrixSession:
             if mode == "strict" and self.blockers(cell, mode):
                 continue
             run_dir = self.run_dir(cell)
-            with _locked(self.root / ".locks" / f"{cell.run_key.replace('/', '__')}.lock"):
+            with _locked(self.root / ".locks" / f"{cell.run_key.replace('/', '__')}.lock",
+                         self.root):
                 if run_dir.exists() and any(run_dir.iterdir()):
                     continue  # the item reports the refusal
                 job = self._prepare(cell, mode, run_dir, env_hook)
@@ -446,7 +458,7 @@ class MatrixSession:
             now = datetime.now(UTC).isoformat(timespec="seconds")
             result = RunResult(command=command, exit_code=None, timed_out=False,
                                interrupted=False, wall_time=0.0, started=now, finished=now)
-            (run_dir / "exit-code").write_text("not-started\n")
+            write_text(run_dir / "exit-code", self.root, "not-started\n")
             return self._finish(cell, mode, run_dir, result, recorded, blockers,
                                 cpu_share=job.cpu_share)
         outcome = self._wait(cell, job)
@@ -466,7 +478,7 @@ class MatrixSession:
             if retry_dir.exists():
                 return record  # never overwrite
             meta_path = run_dir / CELL_RUN_FILE
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = json.loads(read_text(meta_path, self.root))
             meta["superseded_by"] = str(retry_dir.relative_to(self.root))
             write_json_atomic(meta_path, meta)
             retry = self._prepare(cell, mode, retry_dir, env_hook, attempt=2)
@@ -595,9 +607,9 @@ class MatrixSession:
             if cell is None:
                 continue
             run_id = f"{cell.hardware}-{cell.slug}-{self._stamp()}Z-{self.token[:8]}"
-            try:
-                ours = f"RL_KERNEL_RUN_ID={run_id}\n" in case_env.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
+            try:  # (store: regular, inside the root, bounded; a FIFO is never waited on)
+                ours = f"RL_KERNEL_RUN_ID={run_id}\n" in read_text(case_env, self.root)
+            except (OSError, UnicodeDecodeError, Refused):
                 ours = False
             if ours:
                 yield cell, run_dir, run_id
@@ -617,9 +629,9 @@ class MatrixSession:
             record: dict[str, Any]
             try:
                 cached = run_dir / RECORD_CACHE
-                record = (json.loads(cached.read_text(encoding="utf-8")) if cached.exists()
-                          else self._analyze(run_dir, cell))
-            except (OSError, ValueError, KeyError):
+                record = (json.loads(read_text(cached, self.root, MAX_REPORT_BYTES))
+                          if cached.exists() else self._analyze(run_dir, cell))
+            except (OSError, ValueError, KeyError, Refused):
                 record = interrupted_record(cell, self.mode,
                                             str(run_dir.relative_to(self.root)), run_id)
             have.add(cell.run_key)

@@ -46,8 +46,8 @@ def steps_cell(root: Path, calls: tuple[int, ...] = (0, 1, 2, 3), versions: int 
                 continue
             data = k.sidecar()
             data.update(rank=rank, call_index=call, tensor_parallel_size=tp)
-            data["train_log_probs"] = [t + call for t in data["train_log_probs"]]
-            data["rollout_log_probs"] = [t + call for t in data["rollout_log_probs"]]
+            data["train_log_probs"] = [t - call for t in data["train_log_probs"]]
+            data["rollout_log_probs"] = [t - call for t in data["rollout_log_probs"]]
             data["rank_tag"] = torch.tensor([rank])  # replicas agree, files are not copies
             k.write_sidecar(data, f"rank{rank:05d}.call{call:08d}.pt")
     for v in range(versions):
@@ -177,8 +177,8 @@ def test_strict_fails_an_undeclared_failing_claim_and_a_declared_unjudged_one(
     _copy_run(k, again)
     data = torch.load(again / "mismatch-sidecars" / "rank00000.call00000002.pt",
                       weights_only=True)
-    data["train_log_probs"][1] = data["train_log_probs"][1] + 1e-3
-    data["rollout_log_probs"][1] = data["rollout_log_probs"][1] + 1e-3
+    data["train_log_probs"][1] = data["train_log_probs"][1] - 1e-3
+    data["rollout_log_probs"][1] = data["rollout_log_probs"][1] - 1e-3
     torch.save(data, again / "mismatch-sidecars" / "rank00000.call00000002.pt")
     rec = _judge_with(k, again.name)
     assert rec["verdict"] == "contract_mismatch" and rec["failed"]
@@ -240,6 +240,10 @@ def _factor_dirs(tmp_path: Path, own_len: int, base_len: int) -> tuple[Path, Pat
         data["response_lengths"] = [n] * len(data["train_log_probs"])
         data["total_lengths"] = [n + 8] * len(data["train_log_probs"])
         k.write_sidecar(data)
+        # two runs, shown distinct (issue 51): their own run ids and run.log bytes
+        meta = json.loads((k.dir / "cell-run.json").read_text())
+        k.write_json("cell-run.json", {**meta, "run_id": f"{meta['run_id']}-{name}"})
+        k.log(f"run {name}")
         dirs.append(k.dir)
     return dirs[0], dirs[1]
 
@@ -362,7 +366,7 @@ def test_the_report_cache_reads_again_when_the_repeat_run_changes(tmp_path: Path
     # the repeat run re-run with other bytes: served stale before, read again now
     data = torch.load(again / "mismatch-sidecars" / "rank00000.call00000003.pt",
                       weights_only=True)
-    data["rollout_log_probs"][0] = data["rollout_log_probs"][0] + 1.0
+    data["rollout_log_probs"][0] = data["rollout_log_probs"][0] - 1.0
     torch.save(data, again / "mismatch-sidecars" / "rank00000.call00000003.pt")
     logs.clear()
     report = json.loads(reanalyze(root, jobs=1, progress=False, log=logs.append).read_text())

@@ -45,15 +45,25 @@ from typing import Any
 from pytest_rlkernel_matrix import __version__
 from pytest_rlkernel_matrix.report import record as _record
 from pytest_rlkernel_matrix.store.atomic import write_json_atomic
+from pytest_rlkernel_matrix.store.safeio import (
+    MAX_JSON_BYTES,
+    Refused,
+    ensure_dir,
+    read_bytes,
+    read_json,
+    sha256_file,
+)
 
 CACHE_DIR = ".rlk-cache"
 HASH_CAP = 256 * 2**20  # a non-.pt file larger than this is identified by size + mtime only
 SETTLED_NS = 2 * 10**9  # a stored hash is reused only for files unchanged this long before it
 
 
-# What decides a cell's record: the judge (every layer and its reading), the specs it applies,
-# the record's assembly and the contamination rules (relative to the package).
-JUDGING_CODE = ("judge", "spec", "report/record.py", "run/contamination.py")
+# What decides a cell's record: the whole package (every `.py` file of it, found, never
+# listed by hand: a module added, moved or changed anywhere changes the key). The few modules
+# that cannot change a record (the pytest face, the HTML) cost a cold re-report after an edit
+# to them; a hand-kept list once left out `report/measured.py` and `store/safeio.py`.
+JUDGING_CODE = (".",)
 
 
 def code_digest(paths: list[Path]) -> str:
@@ -61,10 +71,12 @@ def code_digest(paths: list[Path]) -> str:
     to its folder and its bytes, in sorted order."""
     digest = hashlib.sha256()
     for top in paths:
-        files = [top] if top.is_file() else sorted(top.rglob("*.py"))
+        files = [top] if top.is_file() else sorted(
+            p for p in top.rglob("*.py") if "__pycache__" not in p.parts)
         for path in files:
             rel = path.name if path == top else path.relative_to(top).as_posix()
             digest.update(f"{top.name}/{rel}\0".encode())
+            # the installed package's own source, not a file under a matrix root
             digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
@@ -73,23 +85,24 @@ def code_digest(paths: list[Path]) -> str:
 def judge_code_digest() -> str:
     """`code_digest` of this installation's judging code (`JUDGING_CODE`), once per process."""
     package = Path(__file__).resolve().parent.parent
-    return code_digest([package / rel for rel in JUDGING_CODE])
+    return code_digest([(package / rel).resolve() for rel in JUDGING_CODE])
 
 
 def _policy_of(run_dir: Path) -> Any:
     """The policy in the run's `cell-run.json` (None when absent or unreadable: the file's
     identity says the rest)."""
-    with suppress(OSError, ValueError, UnicodeDecodeError, RecursionError):
-        meta = json.loads((run_dir / "cell-run.json").read_bytes()[: 64 * 2**20])
+    with suppress(OSError, ValueError, UnicodeDecodeError, RecursionError, Refused):
+        meta = read_json(run_dir / "cell-run.json", run_dir)
         return meta.get("policy") if isinstance(meta, dict) else None
     return None
 
 
-def _sha256(path: str, size: int = -1) -> str:
-    with open(path, "rb", buffering=0) as fh:
-        if 0 <= size <= 1 << 20:  # one read (file_digest allocates a 256 KiB buffer per file)
-            return hashlib.sha256(fh.read()).hexdigest()
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+def _sha256(path: str, root: Path, size: int = -1) -> str:
+    """A regular file's sha256 through `store.safeio` (a file swapped for a FIFO or a link
+    since it was listed is refused, never waited on); `Refused` otherwise."""
+    if 0 <= size <= 1 << 20:  # one read (file_digest allocates a 256 KiB buffer per file)
+        return hashlib.sha256(read_bytes(Path(path), root, HASH_CAP)).hexdigest()
+    return sha256_file(Path(path), root, HASH_CAP)
 
 
 @dataclass
@@ -154,7 +167,10 @@ def file_identity(run_dir: Path, previous: Mapping[str, Any] | None = None,
                         and isinstance(old[3], str)):
                     digest = old[3]
                 else:
-                    digest = _sha256(entry.path, st.st_size)
+                    try:
+                        digest = _sha256(entry.path, run_dir, st.st_size)
+                    except Refused as exc:  # changed under the walk: keyed by why
+                        digest = f"refused: {exc}"
                     hashed += 1
                 out[rel] = ["file", st.st_size, st.st_mtime_ns, digest]
                 stamps[rel] = stamp
@@ -196,8 +212,8 @@ def repeat_dirs(run_dir: Path) -> list[Path]:
     with suppress(OSError):
         out += sorted(p for p in run_dir.parent.glob(f"{run_dir.name}.repeat*")
                       if p.name[len(run_dir.name) + 7:].isdigit())
-    with suppress(OSError, ValueError, UnicodeDecodeError, RecursionError):
-        meta = json.loads((run_dir / "cell-run.json").read_bytes()[: 64 * 2**20])
+    with suppress(OSError, ValueError, UnicodeDecodeError, RecursionError, Refused):
+        meta = read_json(run_dir / "cell-run.json", run_dir)
         named = (meta.get("policy") or {}).get("repeat_dir") if isinstance(meta, dict) else None
         if isinstance(named, str) and named and "/" not in named and named not in (".", ".."):
             out.append(run_dir.parent / named)
@@ -283,10 +299,12 @@ def _why(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 def read_entry(root: Path, rel: str) -> tuple[dict[str, Any] | None, str]:
     """(the cell's cache entry, "") or (None, why there is no usable one)."""
     path = entry_path(root, rel)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None, "no cache entry"
     try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
+        entry = json.loads(read_bytes(path, root, MAX_JSON_BYTES))
+    except Refused as exc:
+        return None, f"unreadable cache entry ({exc})"
     except (OSError, ValueError, RecursionError) as exc:
         return None, f"unreadable cache entry ({type(exc).__name__})"
     if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict) \
@@ -316,7 +334,8 @@ def lookup(root: Path, rel: str, inputs: Mapping[str, Any], *, defer: bool = Fal
 
 def store(root: Path, rel: str, key: Key, record: Mapping[str, Any]) -> None:
     """Write the entry atomically; a root that cannot take it (read-only) just gets no cache."""
-    with suppress(OSError):
-        write_json_atomic(entry_path(root, rel), {"key": key.key, "stamps": key.stamps,
-                                                  "hashed_ns": key.hashed_ns,
-                                                  "record": record}, indent=None)
+    with suppress(OSError, Refused):
+        path = entry_path(root, rel)
+        ensure_dir(path.parent, root)  # a .rlk-cache linked out of the root is not written
+        write_json_atomic(path, {"key": key.key, "stamps": key.stamps,
+                                 "hashed_ns": key.hashed_ns, "record": record}, indent=None)

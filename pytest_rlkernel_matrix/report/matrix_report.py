@@ -23,6 +23,7 @@ from pytest_rlkernel_matrix.judge.performance.accounting import table_cell as un
 from pytest_rlkernel_matrix.judge.read.loss import loss_short
 from pytest_rlkernel_matrix.spec.terms import ALL_MODULES, factor_scope, plural
 from pytest_rlkernel_matrix.store.atomic import json_safe, write_json_atomic
+from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, ensure_dir, read_bytes
 
 REPORT_SCHEMA = "rlk-matrix.report.v1"
 
@@ -95,18 +96,16 @@ def counts_text(summary: Mapping[str, Any], timings: Mapping[str, Any] | None) -
     return text
 
 
-_PACKAGE = Path(__file__).resolve().parents[1]
-# What `attribute` / `attribute_factors` compute with: a change to any of them is a new key.
-_ATTRIBUTION_SOURCES = ("report/attribution.py", "report/perf.py", "report/perf_text.py",
-                        "judge/performance/stats.py", "judge/performance/factorial.py",
-                        "judge/performance/steady.py", "spec/limits.py", "spec/terms.py")
 MEMO_FILE = "attribution.json"
 
 
 def _attribution_key(ordered: Sequence[Mapping[str, Any]]) -> str:
+    from pytest_rlkernel_matrix.report.cache import judge_code_digest
+
+    # what `attribute` / `attribute_factors` compute with: the whole package's code (the cache's
+    # digest, never a hand-kept list of modules)
     digest = hashlib.sha256(__version__.encode())
-    for rel in _ATTRIBUTION_SOURCES:
-        digest.update(rel.encode() + b"\0" + (_PACKAGE / rel).read_bytes())
+    digest.update(judge_code_digest().encode())
     try:  # records read from JSON (cache hits) dump as they are; others made JSON-safe first
         text = json.dumps(list(ordered), sort_keys=True)
     except (TypeError, ValueError):
@@ -127,8 +126,8 @@ def attributions(ordered: Sequence[Mapping[str, Any]],
         except OSError:  # the sources are not plain files (a zipped install): no memo
             memo = None
     if memo is not None:
-        with suppress(OSError, ValueError, RecursionError):
-            entry = json.loads((memo / MEMO_FILE).read_text(encoding="utf-8"))
+        with suppress(OSError, ValueError, RecursionError, Refused):
+            entry = json.loads(read_bytes(memo / MEMO_FILE, memo.parent, MAX_JSON_BYTES))
         if isinstance(entry, dict) and entry.get("key") == key and {
                 "attribution", "factor_attribution", "performance"} <= entry.keys():
             return entry["attribution"], entry["factor_attribution"], entry["performance"]
@@ -142,7 +141,8 @@ def attributions(ordered: Sequence[Mapping[str, Any]],
                                            "factor_attribution": attribute_factors(ordered),
                                            "performance": perf})))
     if memo is not None:
-        with suppress(OSError):  # a read-only root just gets no memo
+        with suppress(OSError, Refused):  # a read-only root just gets no memo
+            ensure_dir(memo, memo.parent)  # a memo folder linked out of the root: no memo
             write_json_atomic(memo / MEMO_FILE, {"key": key, **out})
     return out["attribution"], out["factor_attribution"], out["performance"]
 

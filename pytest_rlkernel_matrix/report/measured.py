@@ -14,6 +14,8 @@ A measured run counts only when it exited 0 (no timeout, no interruption), its a
 fallback, the route of every module and side (implementation and backend ids) is the correctness
 run's, it is a process of its own (`duplicate_reason`: no other counted run of the cell has its
 run id, its run.log bytes or its step timings: a byte copy of a run is one process, not two),
+it proves whose it is (`identity_reason`: its cell-run.json names this cell, the role
+`measured`, its process index and the run id `<run id>.p<k>`; a missing fact is a reason),
 and its own performance judgement holds (phase times present, enough steps, spread within
 `[performance]`'s limits, no measured contamination). The correctness run's timings count as
 process 1 on the same terms. A record of a run that is not `valid` gets no measured runs.
@@ -98,12 +100,12 @@ def drop_reason(first: Mapping[str, Any], other: Mapping[str, Any]) -> str | Non
 def fingerprint(record: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     """What makes a run a process of its own: its run id, the sha256 of its run.log and its
     step timings (every phase's measured steps, in order)."""
-    import hashlib
+    from pytest_rlkernel_matrix.store.safeio import MAX_LOG_BYTES, Refused, sha256_file
 
     log = run_dir / "run.log"
-    try:
-        digest: str | None = hashlib.sha256(log.read_bytes()).hexdigest()
-    except OSError:
+    try:  # a regular file under the run only, read in pieces: a FIFO or a link is refused
+        digest: str | None = sha256_file(log, run_dir, MAX_LOG_BYTES)
+    except (OSError, Refused):
         digest = None
     timings = tuple(tuple(_steps(record, p)) for p in PHASES)
     return {"run_id": record.get("run_id"), "log": digest,
@@ -121,6 +123,38 @@ def duplicate_reason(mine: Mapping[str, Any],
                 return (f"duplicate of {where}: the same {what}"
                         + (f" ({mine['run_id']})" if key == "run_id" else "")
                         + "; a copy of a run is not another process")
+    return None
+
+
+def identity_reason(record: Mapping[str, Any], run_dir: Path, k: int) -> str | None:
+    """Why `run_dir` is not provably process `k` of `record`'s run (None: it is). Its
+    `cell-run.json` must name the role (`RLK_MATRIX_RUN_ROLE=measured`), the process index
+    (`RLK_MATRIX_PROCESS=k`) and the run id `<correctness run id>.p<k>` that `extra_runs` gives
+    it; a missing fact is named, never assumed."""
+    from pytest_rlkernel_matrix.judge.read.cellrun import validated
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_json
+
+    base = record.get("run_id")
+    if not isinstance(base, str) or not base:
+        return ("identity: the correctness run names no run id: its measured runs cannot be "
+                "shown to be its own")
+    try:
+        meta = read_json(run_dir / "cell-run.json", run_dir)
+        validated(meta, run_dir / "cell-run.json")
+    except (OSError, Refused, ValueError, RecursionError) as exc:
+        return f"identity: cell-run.json unreadable: {str(exc)[:200]}"
+    env = meta.get("env") if isinstance(meta.get("env"), dict) else {}
+    role, index, rid = env.get(ROLE_VAR), env.get(PROCESS_VAR), meta.get("run_id")
+    if role != "measured":
+        return (f"identity: {ROLE_VAR} is {role!r}, not 'measured'" if role is not None else
+                f"identity: cell-run.json names no {ROLE_VAR}: not shown to be a measured run")
+    if index != str(k):
+        return (f"identity: {PROCESS_VAR} is {index!r}, not this directory's process {k}"
+                if index is not None else
+                f"identity: cell-run.json names no {PROCESS_VAR}: process index unknown")
+    if rid != f"{base}.p{k}":
+        return (f"identity: run id {rid!r} is not {base}.p{k}: another run's process"
+                if rid is not None else "identity: cell-run.json names no run_id")
     return None
 
 
@@ -169,7 +203,7 @@ def attach(record: dict[str, Any], run_dir: Path,
         why = drop_reason(record, other) if record.get("verdict") == "valid" else (
             f"the correctness run is {record.get('verdict')}")
         mine = fingerprint(other, d)
-        why = why or duplicate_reason(mine, seen)
+        why = why or duplicate_reason(mine, seen) or identity_reason(record, d, k)
         if why is None:
             seen.append((d.name, mine))
         runs.append({"process": k, "dir": d.name, "role": "measured", "used": why is None,

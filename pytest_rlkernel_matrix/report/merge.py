@@ -38,9 +38,11 @@ CellKey = tuple[str, str, str]
 
 def load_report(path: Path) -> dict[str, Any]:
     """A `matrix-report.json`, checked for the report schema."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    from pytest_rlkernel_matrix.store.safeio import MAX_REPORT_BYTES, Refused, read_text
+
+    try:  # through store: a regular file (a FIFO or a device is refused, never waited on)
+        data = json.loads(read_text(path, path.parent, MAX_REPORT_BYTES))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, Refused) as exc:
         raise MergeError(f"{path}: unreadable report: {exc}") from exc
     if not isinstance(data, dict) or data.get("schema_version") != REPORT_SCHEMA:
         got = data.get("schema_version") if isinstance(data, dict) else type(data).__name__

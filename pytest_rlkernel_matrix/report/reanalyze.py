@@ -28,6 +28,7 @@ from pytest_rlkernel_matrix.spec.cells import Cases, Cell
 from pytest_rlkernel_matrix.spec.terms import CASES, MODULES
 from pytest_rlkernel_matrix.store.atomic import write_json_atomic
 from pytest_rlkernel_matrix.store.redact import Scrubber
+from pytest_rlkernel_matrix.store.safeio import MAX_REPORT_BYTES, Refused, read_text
 
 
 def _gaps(matrix_file: str | None, hardware: str) -> tuple[Any, ...]:
@@ -43,11 +44,11 @@ def _gaps(matrix_file: str | None, hardware: str) -> tuple[Any, ...]:
 
 
 def _read_old_report(path: Path, notes: list[str]) -> dict[str, Any]:
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
+    try:  # through store: regular, under the root, bounded (a FIFO is refused, not waited on)
+        old = json.loads(read_text(path, path.parent, MAX_REPORT_BYTES))
+    except (OSError, ValueError, RecursionError, Refused) as exc:
         notes.append(f"{path.name} was unreadable ({type(exc).__name__}: {str(exc)[:200]}): "
                      "rebuilt from the cell directories")
         return {}
@@ -433,8 +434,9 @@ def reanalyze(root: Path, output: Path | None = None, *, jobs: int | None = None
 
     pre = root / "preflight.json"
     try:
-        pre_data = json.loads(pre.read_text()) if pre.exists() else None
-    except (OSError, ValueError, RecursionError):
+        pre_data = (json.loads(read_text(pre, root, MAX_REPORT_BYTES))
+                    if pre.exists() or pre.is_symlink() else None)
+    except (OSError, ValueError, RecursionError, Refused):
         pre_data = None
     html = target.with_name(HTML_FILE)
     rendering = _html_beside(report, html, pre_data)

@@ -204,17 +204,29 @@ def conformance_fields(cell: Cell, ev: Evidence) -> dict[str, Any]:
 
 def read_cell_run(run_dir: Path) -> dict[str, Any]:
     """`cell-run.json` as a dict; `ValueError` naming the file and key when it is unusable."""
-    from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, read_bytes
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_json
 
     path = run_dir / CELL_RUN_FILE
-    try:
-        meta = json.loads(read_bytes(path, run_dir, MAX_JSON_BYTES).decode("utf-8"))
+    try:  # (strict JSON: a key twice, NaN or Infinity is refused)
+        meta = read_json(path, run_dir)
     except (Refused, OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
     from pytest_rlkernel_matrix.judge.read.cellrun import validated
 
     validated(meta, path)  # (pydantic: every key the judge reads, typed; a wrong one names it)
     return meta
+
+
+def identity_problem(asked: Cell | None, ran: Cell) -> str | None:
+    """Why the run in a directory is not the cell asked for (None: it is, or none was asked):
+    its `cell-run.json` names another cell (id or cases); the directory is never judged as
+    the cell asked for."""
+    if asked is None:
+        return None
+    if ran.id != asked.id or ran.cases.as_dict() != asked.cases.as_dict():
+        return (f"identity: cell-run.json is the run of {ran.id} ({ran.name}), not of the cell "
+                f"asked for, {asked.id} ({asked.name}): not judged as {asked.name}")
+    return None
 
 
 def error_record(cell: Cell, mode: str, reason: str, artifact_dir: str | None) -> dict[str, Any]:
@@ -259,6 +271,9 @@ def analyze_run(
         if cell is None:
             raise
         return scrub(error_record(cell, mode or "?", f"cell-run.json: {exc}", artifact_dir))
+    foreign = identity_problem(cell, run_cell)
+    if foreign is not None and cell is not None:
+        return scrub(error_record(cell, mode or str(meta["mode"]), foreign, artifact_dir))
     try:
         t0 = time.perf_counter()
         with pt_memo():  # the evidence and the per-step claims read each `.pt` file once

@@ -239,26 +239,36 @@ class Sampler:
 
     # shared file of running cells
     def _running(self, event: str) -> None:
+        from pytest_rlkernel_matrix.store.safeio import Refused, ensure_dir, open_append
+
         path = self.root / ".locks" / RUNNING_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"event": event, "run": self.run_id, "pid": self.me,
                            "t": time.time(), "devices": self.devices})
-        with path.open("a", encoding="utf-8") as fh:
+        try:  # (store: a .locks or a file linked out of the root, or a FIFO: refused)
+            ensure_dir(path.parent, self.root)
+            fh = open_append(path, self.root)
+        except Refused as exc:
+            self.errors.append(f"cannot record the running cells: {exc}")
+            return
+        with fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
-                fh.write(line + "\n")
+                fh.write((line + "\n").encode("utf-8"))
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _overlaps(self) -> list[dict[str, Any]]:
         path = self.root / ".locks" / RUNNING_FILE
         windows: dict[str, dict[str, Any]] = {}
-        try:
-            with path.open(encoding="utf-8") as fh:
+        from pytest_rlkernel_matrix.store.safeio import MAX_JSON_BYTES, Refused, open_regular
+
+        try:  # (store: regular, under the root, bounded; a FIFO is refused, never waited on)
+            handle, _ = open_regular(path, self.root, MAX_JSON_BYTES)
+            with handle as fh:
                 fcntl.flock(fh, fcntl.LOCK_SH)
-                text = fh.read()
+                text = fh.read(MAX_JSON_BYTES).decode("utf-8", "replace")
                 fcntl.flock(fh, fcntl.LOCK_UN)
-        except OSError as exc:
+        except (OSError, Refused) as exc:
             self.errors.append(f"cannot read {path}: {exc}")
             return []
         for raw in text.splitlines():
@@ -433,9 +443,11 @@ def watch(*, root: Path, run_dir: Path, run_id: str, backend: str, env: Mapping[
 
 def read_measurement(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's `contamination.json`, or None when it is missing or unreadable."""
-    try:
-        data = json.loads((run_dir / CONTAMINATION_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_json
+
+    try:  # through store: a regular file under the run, bounded; NaN and duplicate keys refused
+        data = read_json(run_dir / CONTAMINATION_FILE, run_dir)
+    except (OSError, ValueError, RecursionError, Refused):
         return None
     return data if isinstance(data, dict) else None
 
@@ -444,6 +456,12 @@ def _scope(measured: Mapping[str, Any]) -> str:
     owned = measured.get("owned")
     cpus = owned.get("cpus") if isinstance(owned, Mapping) else None
     return f" it owned ({','.join(map(str, cpus))})" if cpus else ""
+
+
+def _number(value: Any) -> bool:
+    """A finite share in [0, 1] (bool is not a number here)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value <= 1)
 
 
 def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
@@ -456,7 +474,10 @@ def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
     if not measured.get("samples"):
         why.append("contamination not measured: no samples during the run")
     share = measured.get("foreign_cpu_share")
-    if share is not None and share > policy.max_foreign_cpu:
+    if share is not None and not _number(share):
+        why.append(f"contamination not measured: foreign_cpu_share {share!r} is not a finite "
+                   "share in [0, 1]")
+    elif share is not None and not share <= policy.max_foreign_cpu:  # (NaN fails the limit)
         from pytest_rlkernel_matrix.spec.limits import over
 
         got, lim = over(float(share), float(policy.max_foreign_cpu))
@@ -466,7 +487,7 @@ def judge(measured: Mapping[str, Any] | None, policy: Policy) -> list[str]:
             f"load average {measured.get('load1_mean')} mean, {measured.get('load1_max')} max)")
     concurrent = [c for c in measured.get("concurrent_cells") or [] if c.get("shared_devices")]
     total = sum(float(c.get("overlap_s", 0)) for c in concurrent)
-    if total > policy.max_concurrent_seconds:
+    if not total <= policy.max_concurrent_seconds:  # (NaN fails the limit)
         names = ", ".join(f"{c['run']} ({c['overlap_s']:.1f} s)" for c in concurrent[:3])
         why.append(f"contaminated: other cells of this session ran on the same devices for "
                    f"{total:.1f} s (limit {policy.max_concurrent_seconds:g} s): {names}")

@@ -5,6 +5,9 @@ until pytest exits; the kernel drops it when the process dies, so a killed sessi
 a stale lock behind. The file keeps the holder's pid, host, start time and command line for the
 error a second session gets. `rlk-matrix report` takes the same lock, so it never rewrites a
 report under a running session. (`fcntl.flock`, stdlib: see `session` for why not `filelock`.)
+The lock file is opened through `store.safeio.open_lock`: never through a link planted at its
+path (`O_NOFOLLOW`), only a regular file with one link, inside the root; anything else is
+`RootUnusable` naming it, and nothing outside the root is ever written.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pytest_rlkernel_matrix.store.redact import Scrubber
+from pytest_rlkernel_matrix.store.safeio import MAX_SMALL_BYTES, Refused, open_lock, read_bytes
 
 LOCK_FILE = ".rlk-session.lock"
 
@@ -71,8 +75,8 @@ class RootLock:
 def holder(path: Path) -> str:
     """`pid N on HOST since TIME (command)` from a lock file, as far as it can be read."""
     try:
-        data: Any = json.loads(path.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
+        data: Any = json.loads(read_bytes(path, path.parent, MAX_SMALL_BYTES) or b"{}")
+    except (OSError, ValueError, Refused):
         data = {}
     if not isinstance(data, dict) or not data.get("pid"):
         return "holder unknown (the lock was taken a moment ago or its file is unreadable)"
@@ -86,7 +90,10 @@ def claim(root: Path, what: str = "pytest") -> RootLock:
     path = root / LOCK_FILE
     try:
         root.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a+", encoding="utf-8")
+        handle = open_lock(path, root)
+    except Refused as exc:  # a link, FIFO, device or hard link planted at the lock's path
+        raise RootUnusable(f"matrix root {root}: {LOCK_FILE}: {exc}: remove it (the lock file "
+                           "is never written through a link)") from None
     except OSError as exc:
         raise RootUnusable(unusable(root, exc)) from None
     try:

@@ -22,6 +22,13 @@ from pathlib import Path
 from pytest_rlkernel_matrix.run import cpushare, procs
 from pytest_rlkernel_matrix.spec.cells import Cell
 from pytest_rlkernel_matrix.store.redact import REDACTED, Scrubber, is_secret
+from pytest_rlkernel_matrix.store.safeio import (
+    MAX_LOG_BYTES,
+    Refused,
+    open_append,
+    open_regular,
+    write_text,
+)
 
 __all__ = ["REDACTED", "RunResult", "is_secret", "run_cell_command"]
 
@@ -143,12 +150,13 @@ def _utc() -> str:
 def last_line(log_path: Path, tail_bytes: int = 4096) -> str:
     """The last non-empty line of a (growing) log, read from its end only."""
     try:
-        with log_path.open("rb") as fh:
+        handle, _ = open_regular(log_path, log_path.parent, MAX_LOG_BYTES)
+        with handle as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - tail_bytes))
             lines = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
+    except (OSError, Refused):
         return ""
     for line in reversed(lines):
         if line.strip():
@@ -209,7 +217,7 @@ def run_cell_command(
     before = frozenset(procs.children(os.getpid())) if procs.available() else frozenset()
     reaper = procs.set_subreaper(True)
     try:
-        with log_path.open("ab") as log:
+        with open_append(log_path, artifact_dir) as log:  # never through a link (store)
             pin = cpushare.pinned_start(cpus)
             try:
                 with pin:
@@ -290,7 +298,8 @@ def run_cell_command(
         finished_epoch=round(time.time(), 3),
         cpu_affinity=affinity,
     )
-    (artifact_dir / "exit-code").write_text(f"{'' if exit_code is None else exit_code}\n")
+    write_text(artifact_dir / "exit-code", artifact_dir,
+               f"{'' if exit_code is None else exit_code}\n")
     if interrupted and raise_on_interrupt:
         raise KeyboardInterrupt
     return result

@@ -123,6 +123,10 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
         out["why"] = ("not judged: the factor cell and its baseline cell name one run "
                       "directory: nothing independent to compare")
         return out
+    same = not_independent(own_dir, base_dir)
+    if same is not None:
+        out["why"] = f"not judged: {same}"
+        return out
     own, base = read_evidence(own_dir), read_evidence(base_dir)
     manifest = own.manifest or {}
     factors = manifest.get("factors")
@@ -172,6 +176,46 @@ def compare_runs(own_dir: Path | None, base_dir: Path | None,
     else:
         out["judged"] = True
     return out
+
+
+def _run_identity(run_dir: Path) -> tuple[str | None, str | None, str | None]:
+    """(run id, sha256 of run.log, why the run id is unknown) of a run directory, read
+    through `store.safeio` (regular files under the run, bounded)."""
+    from pytest_rlkernel_matrix.store.safeio import MAX_LOG_BYTES, Refused, read_json, sha256_file
+
+    rid: str | None = None
+    why: str | None = None
+    try:
+        meta = read_json(run_dir / "cell-run.json", run_dir)
+        got = meta.get("run_id") if isinstance(meta, dict) else None
+        rid = got if isinstance(got, str) and got else None
+        why = None if rid else "its cell-run.json names no run_id"
+    except (OSError, ValueError, RecursionError, Refused) as exc:
+        why = f"its cell-run.json is unreadable ({str(exc)[:120]})"
+    try:
+        log: str | None = sha256_file(run_dir / "run.log", run_dir, MAX_LOG_BYTES)
+    except (OSError, Refused):
+        log = None
+    return rid, log, why
+
+
+def not_independent(own_dir: Path, base_dir: Path) -> str | None:
+    """Why the factor cell's run and its baseline cell's are not shown to be two processes
+    (None: they are): a run id missing, or the same run id or the same run.log bytes (a copy
+    of a run compared with itself would be called invariant)."""
+    own_id, own_log, own_why = _run_identity(own_dir)
+    base_id, base_log, base_why = _run_identity(base_dir)
+    if own_why or base_why:
+        which = "the factor cell" if own_why else "the baseline cell"
+        return (f"identity: {which}'s run cannot be told apart from the other: "
+                f"{own_why or base_why}")
+    if own_id == base_id:
+        return (f"identity: the factor cell and its baseline cell hold the same run "
+                f"({own_id}): a copy, nothing independent to compare")
+    if own_log is not None and own_log == base_log:
+        return ("identity: the factor cell's run.log is byte for byte its baseline cell's: a "
+                "copy of one run, nothing independent to compare")
+    return None
 
 
 def weights_diverge(own: Evidence, base: Evidence) -> str | None:

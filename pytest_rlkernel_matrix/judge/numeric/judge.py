@@ -187,6 +187,11 @@ def judge_numeric(ev: Evidence, mode: str, cell: Cell | None = None,
         errors.append(f"NaN/inf in {m.nonfinite_count} of {m.active_token_count} active logprobs")
         num.not_judged()
         return num, contract, errors
+    if getattr(m, "positive_logprob_count", 0):
+        errors.append(f"impossible logprobs: {m.positive_logprob_count} active logprob value(s) "
+                      "above 0 (a log-probability is at most 0): not logprob evidence")
+        num.not_judged()
+        return num, contract, errors
     if contract["kind"] == "bitwise" and (why := bitwise_reason(m)):
         num.fail(f"bitwise contract violated: {why}")
     elif contract["kind"] == "tolerance" and (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_rlkernel_matrix.judge.findings import Judgement
-from pytest_rlkernel_matrix.judge.performance.phases import phases
+from pytest_rlkernel_matrix.judge.performance.phases import impossible_timings, phases
 from pytest_rlkernel_matrix.judge.performance.stats import timing_noise
 from pytest_rlkernel_matrix.judge.read.evidence import Evidence
 from pytest_rlkernel_matrix.run.contamination import judge as contamination_judge
@@ -31,6 +31,8 @@ def judge_performance(ev: Evidence, env: Mapping[str, str], route_ok: bool, mode
                if medians.get(k) is None]
     if missing:
         perf.fail(f"no phase wall-clock in run.log for {', '.join(missing)}")
+    for reason in impossible_timings(ev.log):
+        perf.fail(reason)
     # in order of cause: contamination (which makes steps noisy) before the noise itself
     for reason in contamination_judge(ev.contamination, policy):
         perf.fail(reason)

@@ -5,6 +5,7 @@ steps with their spread (what `stats` and the performance judgement take).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ def phase_series(scan: LogScan) -> dict[str, list[float]]:
             values = [
                 float(v) for _, rec in perf
                 if isinstance(v := rec.get(key), (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v) and v >= 0  # the others: `impossible_timings`' reasons
             ]
             if values:
                 out[name] = values
@@ -36,6 +38,32 @@ def phase_series(scan: LogScan) -> dict[str, list[float]]:
     if rest:
         out[UNATTRIBUTED] = rest
     return out
+
+
+def impossible_timings(scan: LogScan) -> list[str]:
+    """Reasons against a run's timings: `perf` records (or any record) run.log holds but that
+    could not be read, and phase times that are not finite or are negative (issue 51: a NaN
+    or a `1e999` never slips past a limit, an unread record is never just a counter)."""
+    why: list[str] = []
+    if scan.unparsed_records:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(scan.unparsed_kinds.items()))
+        why.append(f"run.log: {scan.unparsed_records} record line(s) could not be read "
+                   f"({kinds or 'of unknown kind'}): the timings are not shown complete")
+    keys = {k for names in PHASE_KEYS.values() for k in names}
+    bad: list[str] = []
+    for step, rec in sorted(scan.records.get("perf", []), key=lambda r: r[0]):
+        for key in sorted(keys & set(rec)):
+            v = rec[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                bad.append(f"perf {step}: {key}={v!r} is not a number")
+            elif not math.isfinite(v):
+                bad.append(f"perf {step}: {key}={v!r} is not finite")
+            elif v < 0:
+                bad.append(f"perf {step}: {key}={v!r} is a negative time")
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        why.append("impossible timings in run.log: " + "; ".join(bad[:3]) + more)
+    return why
 
 
 def phases(scan: LogScan, warmup: int = 0,

@@ -158,7 +158,7 @@ def compare_processes(num: Groups, den: Groups, policy: Policy, label: str) -> R
     sa, sb = summary(flat_a), summary(flat_b)
     reasons: list[str] = []
     for name, s in (("numerator", sa), ("denominator", sb)):
-        if s["n"] < policy.min_steps:
+        if not s["n"] >= policy.min_steps:  # (NaN-safe: a comparison with NaN fails it)
             reasons.append(f"{name} has {s['n']} measured steps, minimum {policy.min_steps}")
         elif s["relative_spread"] is None:
             reasons.append(f"{name} median is not positive")
@@ -204,7 +204,7 @@ def _steady_spread(s: Mapping[str, Any]) -> Mapping[str, Any]:
     among 3 s ones refused a CPU drill's timings)."""
     steps = s.get("steps")
     if not isinstance(steps, list) or len(steps) < 4 or any(
-            not isinstance(v, (int, float)) or v <= 0 for v in steps):
+            not isinstance(v, (int, float)) or not 0 < v < math.inf for v in steps):
         return s
     from pytest_rlkernel_matrix.judge.performance.steady import mser
 
@@ -223,15 +223,15 @@ def timing_noise(spread: Mapping[str, Any], policy: Policy) -> list[str]:
         if not isinstance(s, Mapping):
             continue
         label = key.removesuffix("_wall_time")
-        if s["n"] < policy.min_steps:
+        if not s["n"] >= policy.min_steps:  # (NaN-safe: a comparison with NaN fails it)
             why.append(f"noise: {s['n']} measured step(s), the declared minimum is "
                        f"{policy.min_steps} ([performance] min_steps; raise [runner] repeats)")
             break
         s = _steady_spread(s)  # min_steps counts the measured steps, the spread the steady ones
         rel = s.get("relative_spread")
-        if rel is None or rel > policy.max_relative_spread:
-            shown, lim = (("undefined", f"{policy.max_relative_spread:.0%}") if rel is None
-                          else over(rel, policy.max_relative_spread))
+        if rel is None or not rel <= policy.max_relative_spread:  # NaN fails the limit
+            shown, lim = (("undefined", f"{policy.max_relative_spread:.0%}")
+                          if rel is None or rel != rel else over(rel, policy.max_relative_spread))
             dropped = (f", after {s['transient_dropped']} warm-up step(s)"
                        if s.get("transient_dropped") else "")
             why.append(f"noise: {label} time spread (max-min)/median {shown} > "

@@ -1,7 +1,9 @@
 """Reading: what a run left on disk, as typed, validated objects; nothing here decides.
 
 Owns `evidence` (one pass over a run directory: readbacks, sidecars, logs, manifests),
-`ptread` (the one `.pt` reader, bounded in memory and time), `sidecars` (RL-Kernel's sidecar
+`ptread` (the one `.pt` reader, bounded in memory and time), `fallback` (what names a
+fallback, for run.log lines and records alike: RL-Kernel's `_contains_fallback` and wider),
+`sidecars` (RL-Kernel's sidecar
 layout, CP shards), `logscan` (run.log), `upstream` (readbacks' fields and weight audits as
 RL-Kernel's writers leave them), `policy` (the cell's recorded policy), `calls` (which ranks,
 calls and versions the files cover), `metrics` (the drift figures of the sidecars' active

@@ -10,6 +10,7 @@ parsed with `ast.literal_eval`, never `eval`. Only a regular file inside the cel
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections import deque
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from pytest_rlkernel_matrix.judge.read.fallback import fallback_in_text
 from pytest_rlkernel_matrix.store.safeio import MAX_LOG_BYTES, Refused, open_regular
 
 MAX_LINE_BYTES = 256 * 1024
@@ -32,8 +34,38 @@ _CONTAMINATION_TAG = "[RL-Kernel][contamination]"
 _CONTRACT_RE = re.compile(r"contract_id=(\S+)")
 # vime's evidence that native Megatron logp ran (it writes no readback record for it).
 LOGP_MARKERS = ("linear_logp native active:", "rlkernel mismatch sidecar active: logp_case=")
-# `fallback=true` as its own key (not `allow_fallback=true`), `fallback=1` too.
-_FALLBACK_RE = re.compile(r"(?<![\w.-])fallback=(?:true|1)\b", re.IGNORECASE)
+
+
+# Python prints a non-finite float as `nan` / `inf` (`-inf`), a name `literal_eval` refuses:
+# such a record is read with its value (then refused where it is judged, with a reason), never
+# dropped as unparsed while the rest of the run's timings count.
+_NONFINITE = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf,
+              "infinity": math.inf}
+
+
+class _Names(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in _NONFINITE:
+            return ast.copy_location(ast.Constant(_NONFINITE[node.id]), node)
+        return node
+
+
+def literal(text: str) -> object:
+    """`ast.literal_eval(text)`, with Python's `nan` / `inf` spellings read as floats; a record
+    that names one of its keys twice is a `ValueError` (Python keeps the last value: a `nan`
+    before a good one would be hidden)."""
+    tree = ast.parse(text.lstrip(" \t"), mode="eval")
+    body = tree.body
+    if isinstance(body, ast.Dict):  # (the record's own keys: where its figures are)
+        keys = [k.value for k in body.keys if isinstance(k, ast.Constant)]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a key named twice in one record")
+    try:
+        return ast.literal_eval(tree)
+    except ValueError:
+        if not any(name in text for name in _NONFINITE):
+            raise
+    return ast.literal_eval(_Names().visit(tree))
 
 
 @dataclass(frozen=True)
@@ -93,7 +125,7 @@ TAIL_LINES = 20
 def _prefilter() -> re.Pattern[str]:
     """One alternation of every trigger below: a line matching none is skipped after one search
     (3-4x faster than trying each pattern; the full checks run only on candidate lines)."""
-    parts = [_RECORD_RE.pattern, re.escape("[RL-Kernel]["), "(?i:fallback=)", "contract_id=",
+    parts = [_RECORD_RE.pattern, re.escape("[RL-Kernel]["), "(?i:fall)", "contract_id=",
              "Traceback", *(re.escape(m) for m in LOGP_MARKERS)]
     for _, pat in ERROR_PATTERNS:
         parts.append(f"(?i:{pat.first.pattern})" if pat.first.flags & re.IGNORECASE
@@ -134,6 +166,7 @@ class LogScan:
     fallback_lines: list[str] = field(default_factory=list)
     lines: int = 0
     unparsed_records: int = 0
+    unparsed_kinds: dict[str, int] = field(default_factory=dict)  # per record kind
     long_lines: int = 0
     dropped_lines: int = 0
     problems: list[str] = field(default_factory=list)
@@ -228,13 +261,14 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
                 value: object = None
                 if text.endswith("}"):
                     try:
-                        value = ast.literal_eval(text)
+                        value = literal(text)
                     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                         value = None
                 if isinstance(value, dict):
                     scan.records.setdefault(m.group(1), []).append((int(m.group(2)), value))
                 else:
                     scan.unparsed_records += 1
+                    scan.unparsed_kinds[m.group(1)] = scan.unparsed_kinds.get(m.group(1), 0) + 1
             if _ROUTE_TAG in line:
                 _keep(scan.routes, _kv(line.split(_ROUTE_TAG, 1)[1]), scan)  # type: ignore[arg-type]
             if _UNSUPPORTED_TAG in line:
@@ -247,7 +281,7 @@ def scan_log(path: Path, max_tail: int = 40, *, root: Path | None = None,
                 for key, value in _kv(line.split(_CONTAMINATION_TAG, 1)[1]).items():
                     if value not in ("0", "false", "False"):
                         scan.contamination[key] = line.strip()[:500]
-            if _FALLBACK_RE.search(line):
+            if fallback_in_text(line):
                 _keep(scan.fallback_lines, line.strip()[:500], scan)  # type: ignore[arg-type]
             if any(marker in line for marker in LOGP_MARKERS):
                 _keep(scan.logp_markers, line.strip()[:500], scan)  # type: ignore[arg-type]

@@ -142,7 +142,7 @@ def loss_impact(delta: np.ndarray, lengths: np.ndarray, calls: Sequence[int] | n
             abs_sorted = np.sort(np.abs(good))
         with np.errstate(over="ignore"):  # (a ratio past float64's range is inf)
             mean = float(np.exp(good).mean())
-            out.update(ratio_min=math.exp(float(good.min())),
+            out.update(ratio_min=_exp(float(good.min())),
                        ratio_max=_exp(float(good.max())), ratio_mean=mean,
                        abs_log_ratio_quantiles={
                            _q(q): _sorted_quantile(abs_sorted, q) for q in QUANTILES})

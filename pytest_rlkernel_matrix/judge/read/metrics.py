@@ -56,6 +56,7 @@ class DriftMetrics:
     mismatch_k3_kl: float | None = None
     train_rollout_logprob_abs_diff: float | None = None
     nonfinite_count: int = 0
+    positive_logprob_count: int = 0  # finite logprobs above 0: impossible (log p <= 0)
     worst_tokens: list[dict[str, object]] = field(default_factory=list)
     first_mismatch: list[dict[str, int]] = field(default_factory=list)
     first_mismatch_summary: dict[str, float | int] = field(default_factory=dict)
@@ -287,6 +288,7 @@ def compute(samples: Sequence[Sample],
         return out
     neq = train != roll
     out.mismatch_count = int(np.count_nonzero(neq))
+    out.positive_logprob_count = int(np.count_nonzero(train > 0) + np.count_nonzero(roll > 0))
     if train.dtype == roll.dtype:
         bits = _bits(train) != _bits(roll)
         out.bitwise_mismatch_count = int(np.count_nonzero(bits))
@@ -343,9 +345,14 @@ def log10_histogram(ascending: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     `i` holds `edges[i] <= x < edges[i + 1]`, the last its right edge too, as numpy's bins
     do); numpy's own histogram wherever log10's results are not in order."""
     logs = np.log10(ascending)
-    edges = np.histogram_bin_edges(logs, bins=HISTOGRAM_BINS)
+    try:
+        edges = np.histogram_bin_edges(logs, bins=HISTOGRAM_BINS)
+    except ValueError:  # a span of a few ulps: numpy cannot make 20 finite-sized bins there,
+        # so the bins span one decade around them, as numpy does for equal values (issue 51)
+        lo, hi = float(np.min(logs)), float(np.max(logs))
+        edges = np.histogram_bin_edges(logs, bins=HISTOGRAM_BINS, range=(lo - 0.5, hi + 0.5))
     if logs.size > 1 and not bool((logs[1:] >= logs[:-1]).all()):
-        return np.histogram(logs, bins=HISTOGRAM_BINS)
+        return np.histogram(logs, bins=edges)
     cuts = np.searchsorted(logs, edges[1:-1], side="left")
     return np.diff(cuts, prepend=0, append=logs.size).astype(np.int64), edges
 

@@ -7,7 +7,9 @@ Upstream's validators (RL-Align/RL-Kernel, read, never copied: `integrations/com
 `experiments/rocm_ablation/run.py` `_contains_truthy_fallback`) say:
 
 - every platform: a truthy `fallback`, `fallback_used`, `used_fallback` or `split_kv_fallback`
-  key anywhere in a record is a fallback (ROCm adds `attention_fallback`);
+  key anywhere in a record is a fallback (ROCm adds `attention_fallback`); this judge counts
+  every case and compound form of a key naming a fallback (`judge.read.fallback`, shared with
+  the run.log scanner);
 - CUDA (`runtime_policy: {platform: cuda, triton_allowed: false}`): a record that uses Triton (a
   true `triton_used` / `uses_triton`, or "triton" in any string of it) fails, so does one that
   does not report CUDA execution (its first `runtime_platform`), and a logp record whose backend
@@ -41,6 +43,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from pytest_rlkernel_matrix.judge.read.fallback import names_fallback, truthy_value
 from pytest_rlkernel_matrix.judge.read.policy import PLATFORMS
 
 FALLBACK_KEYS = frozenset({"fallback", "fallback_used", "used_fallback", "split_kv_fallback"})
@@ -119,6 +122,15 @@ def truthy_flag(value: Any, keys: frozenset[str]) -> str | None:
     return None
 
 
+def fallback_flag(value: Any) -> str | None:
+    """Where a key naming a fallback holds a truthy value (`judge.read.fallback`: RL-Kernel's
+    `_contains_fallback` and every case or compound form of its keys), as `path=value`."""
+    for where, key, item in _walk(value):
+        if key is not None and names_fallback(key) and truthy_value(item):
+            return f"{where}={_shown(item)}"
+    return None
+
+
 def triton_use(value: Any, allowed: frozenset[str] = frozenset()) -> str | None:
     """Where a record uses Triton (RL-Kernel's `_contains_triton`: "triton" in any string,
     inside lists too; a `triton_used` / `uses_triton` key not entered), strings in `allowed`
@@ -170,7 +182,7 @@ def record_rules(record: Mapping[str, Any], module: str, platform: str) -> tuple
     fallbacks: list[str] = []
     failures: list[str] = []
     try:
-        flag = truthy_flag(record, ROCM_FALLBACK_KEYS if platform == "rocm" else FALLBACK_KEYS)
+        flag = fallback_flag(record)
         if flag:
             fallbacks.append(f"says {flag}: a fallback (RL-Kernel's rule: any truthy fallback "
                              "key in a record)")
@@ -310,7 +322,7 @@ def upstream_findings(records: Iterable[Mapping[str, Any]], platform: str | None
             failures += [f"{where}: record {raw!r} {w}" for w in bad]
             continue
         try:
-            flag = truthy_flag(rec, FALLBACK_KEYS)
+            flag = fallback_flag(rec)
         except TooLarge as exc:
             failures.append(f"{where}: record {raw!r} cannot be judged: {exc} in one record")
             continue

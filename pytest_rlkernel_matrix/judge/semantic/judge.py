@@ -39,6 +39,10 @@ def judge_semantic(ev: Evidence, mode: str, policy: Policy,
         if n < policy.min_samples_per_rank:
             sem.fail(f"coverage: rank {rank} holds {plural(n, 'logprob sample')}, below "
                      f"min_samples_per_rank={policy.min_samples_per_rank} (matrix.toml)")
+    if policy.run_id is None and mode != "off":
+        sem.fail("identity: cell-run.json names no run_id: whether the artifacts "
+                 + (f"({', '.join(sorted(ev.run_ids)[:3])}) " if ev.run_ids else "")
+                 + "belong to this run cannot be checked (fails closed)")
     for source, rid in sorted(ev.run_ids.items()):
         if policy.run_id is not None and rid != policy.run_id:
             sem.fail(f"run id {rid!r} in {source} is not this run's {policy.run_id!r}: "

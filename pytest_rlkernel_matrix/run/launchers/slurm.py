@@ -35,6 +35,14 @@ from typing import Any
 from pytest_rlkernel_matrix.run.launchers.base import CellJob, Outcome
 from pytest_rlkernel_matrix.run.runner import RunResult, is_secret, last_line
 from pytest_rlkernel_matrix.spec.matrix import SlurmSection
+from pytest_rlkernel_matrix.store.safeio import (
+    MAX_SMALL_BYTES,
+    Refused,
+    open_append,
+    read_text,
+    write_new_text,
+    write_text,
+)
 
 SCRIPT_FILE = "slurm-job.sh"
 MARKER_FILE = "slurm-marker"
@@ -305,13 +313,14 @@ def _utc() -> str:
 
 def _read_times(run_dir: Path) -> dict[str, float]:
     out: dict[str, float] = {}
-    with contextlib.suppress(OSError):
-        for line in (run_dir / TIMES_FILE).read_text().splitlines():
+    with contextlib.suppress(OSError, Refused):
+        for line in read_text(run_dir / TIMES_FILE, run_dir, MAX_SMALL_BYTES).splitlines():
             parts = line.split()
             with contextlib.suppress(ValueError, IndexError):
                 out[parts[0]] = float(parts[1])
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        out["marker"] = float((run_dir / MARKER_FILE).read_text().split()[2])
+    with contextlib.suppress(OSError, ValueError, IndexError, Refused):
+        out["marker"] = float(read_text(run_dir / MARKER_FILE, run_dir, MAX_SMALL_BYTES)
+                              .split()[2])
     return out
 
 
@@ -421,10 +430,11 @@ class SlurmLauncher:
     def _submit(self, job: CellJob) -> None:
         self._install_sigterm()
         script = job.run_dir / SCRIPT_FILE
-        if script.exists():
+        try:  # (store: created new, never through a link planted at its path)
+            write_new_text(script, self.render(job))
+        except FileExistsError:
             job.handle["error"] = f"refusing to overwrite {script}"
             return
-        script.write_text(self.render(job))
         job.handle.update(submitted=_utc(), submitted_mono=time.monotonic(), script=SCRIPT_FILE)
         try:
             proc = _cli(["sbatch", "--parsable", str(script)], env=job.env)
@@ -481,8 +491,8 @@ class SlurmLauncher:
         code_path = run_dir / "exit-code"
         exit_code: int | None = None
         if code_path.exists():
-            with contextlib.suppress(ValueError):
-                exit_code = int(code_path.read_text().strip())
+            with contextlib.suppress(ValueError, OSError, Refused):
+                exit_code = int(read_text(code_path, run_dir, MAX_SMALL_BYTES).strip())
         times = _read_times(run_dir)
         launch_error: str | None = job.handle.get("error")
         if launch_error is None and info is None:
@@ -503,13 +513,13 @@ class SlurmLauncher:
             launch_error = None  # our own scancel at the runner timeout: reported as a timeout
         if interrupted and launch_error is None:
             launch_error = f"CANCELLED: Slurm job {jid} cancelled: the session was interrupted"
-        if not code_path.exists():
-            code_path.write_text(f"{'' if exit_code is None else exit_code}\n")
-        with (run_dir / "run.log").open("a") as log:
-            if runner_timeout:
-                log.write(f"\n[rlk-matrix] timeout after {job.timeout:g} s: scancel {jid}\n")
-            elif launch_error:
-                log.write(f"\n[rlk-matrix] {launch_error}\n")
+        if not code_path.exists() and not code_path.is_symlink():
+            write_text(code_path, run_dir, f"{'' if exit_code is None else exit_code}\n")
+        note = (f"\n[rlk-matrix] timeout after {job.timeout:g} s: scancel {jid}\n"
+                if runner_timeout else f"\n[rlk-matrix] {launch_error}\n" if launch_error
+                else "")
+        with open_append(run_dir / "run.log", run_dir) as log:  # (store: never through a link)
+            log.write(note.encode("utf-8"))
         wall = (times["command_end"] - times["command_start"]
                 if {"command_start", "command_end"} <= times.keys() else
                 (seconds(info.run_time) if info and info.run_time else None))
@@ -525,8 +535,9 @@ class SlurmLauncher:
         if "submitted_mono" in job.handle and "collected_mono" in job.handle:
             scheduler["session_wall_s"] = round(
                 job.handle["collected_mono"] - job.handle["submitted_mono"], 3)
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            scheduler["marker_host"] = (run_dir / MARKER_FILE).read_text().split()[1]
+        with contextlib.suppress(OSError, ValueError, IndexError, Refused):
+            scheduler["marker_host"] = read_text(run_dir / MARKER_FILE, run_dir,
+                                                 MAX_SMALL_BYTES).split()[1]
         fingerprints, node_pre = self._node_fingerprints(run_dir)
         result = RunResult(
             command=job.command, exit_code=exit_code, timed_out=runner_timeout,
@@ -543,8 +554,8 @@ class SlurmLauncher:
         if not path.exists():
             return None, None
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            data = json.loads(read_text(path, run_dir))
+        except (OSError, ValueError, Refused):
             return None, None
         from pytest_rlkernel_matrix.machine import preflight as pf
 
