@@ -14,7 +14,8 @@
 # FX graph and autograd caches), so a process after the first costs little more than its steps;
 # no profile or probe run is asked for (--rlk-profile / --rlk-probe off), so no debug work runs
 # in a measured process. A session stopped with SIGINT at its timeout keeps what ran in its
-# report. Outputs under $OUT: <stage>.log, <stage>-matrix-report.json/.html, truth.md, env.log.
+# report. HW=h100 runs docs/examples/h100-perf-matrix.toml; PERF_BUDGET (default 8) and
+# FACTORS (default "1 1.5 4") as named. Outputs under $OUT: <stage>.log, <stage>-matrix-report.json/.html, truth.md, env.log.
 set -u
 . "$(dirname "$0")/device_env.sh"
 CACHE=$PWD/.device/compile-cache
@@ -29,8 +30,8 @@ session() {  # name drill-or-empty
   local name=$1 drill=$2 t0=$SECONDS
   env ${drill:+RLK_REF_FAULT=$drill} timeout -s INT "${SESSION_TIMEOUT:-580}" \
     python3 -m pytest -p pytest_rlkernel_matrix.plugin -p no:cacheprovider \
-    --rlk-matrix=docs/examples/h200-perf-matrix.toml --rlk-hardware=h200 \
-    --rlk-matrix-root="/tmp/m-$name" --rlk-processes=auto --rlk-perf-budget=8 -k ffn \
+    --rlk-matrix="docs/examples/${HW:-h200}-perf-matrix.toml" --rlk-hardware="${HW:-h200}" \
+    --rlk-matrix-root="/tmp/m-$name" --rlk-processes=auto --rlk-perf-budget="${PERF_BUDGET:-8}" -k ffn \
     > "$OUT/$name.log" 2>&1
   echo "[$name] exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/$name.log"
   grep -E "^(h200 |verdicts)|rlk: auto|performance|refused|remedy|R on the" "$OUT/$name.log" \
@@ -53,7 +54,7 @@ case ${1:-a} in
   warm) warm ;;
   truth)
     timeout -s INT "${TRUTH_TIMEOUT:-580}" python3 benchmarks/bench_drill_ratio.py \
-      --device cuda --preset qwen3-0.6b --rounds "${ROUNDS:-3}" --factors 1 1.5 4 --steps 6 \
+      --device cuda --preset qwen3-0.6b --rounds "${ROUNDS:-3}" --factors ${FACTORS:-1 1.5 4} --steps 6 \
       --threads 4 -- --num-prompts 128 --max-new-tokens 64 2>&1 | tee "$OUT/truth.md" ;;
   a) session a-no-drill "" ;;
   b) session b-slow-1.5 slow:ffn:rollout:1.5 ;;
