@@ -298,6 +298,7 @@ OPENS_OUTSIDE_A_ROOT = {
     (f"{PKG}.run.contamination", "read_text"): "/proc/stat, /proc/loadavg and /proc/<pid>/stat",
     (f"{PKG}.report.cache", "read_bytes"): "the installed package's own source (code_digest)",
     (f"{PKG}.cli", "read_text"): "the package's matrix.toml templates (importlib.resources)",
+    (f"{PKG}.cli", "open"): "os.devnull, for stdout after a reader closed the pipe (table | head)",
 }
 
 
