@@ -165,3 +165,90 @@ def test_debugger_golden(name: str, tmp_path: Path) -> None:
 
 def test_every_debugger_case_has_a_golden_verdict() -> None:
     assert set(DEBUGGER_GOLDEN) == set(DCASES.CASES)
+
+
+# --- RL-Kernel's mismatch sidecars: judged against upstream's compare_train_rollout_logps
+
+SIDECARS = Path(__file__).parent / "golden" / "upstream" / "sidecars"
+SIDECARS_GOLDEN = json.loads((SIDECARS / "verdicts.json").read_text())["cases"]
+
+
+def _load_cases(folder: Path, name: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, folder / "cases.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCASES = _load_cases(SIDECARS, "sidecar_cases")
+
+# Every sidecar input where the plugin refuses and RL-Kernel's validator does not, with the
+# reason (the README and docs/en|zh/debugger.md carry the same list).
+SIDECARS_STRICTER = {
+    "list_logprobs": "a log-prob stored as a Python list is read as float64 (a list has no "
+                     "dtype), so against a float32 tensor the dtypes differ and the sample is "
+                     "not compared; upstream's torch.as_tensor makes it float32. RL-Kernel's "
+                     "writer (_cpu_vector) only ever saves tensors",
+    "two_d_logprobs": "a log-prob tensor must be 1-d; upstream flattens any shape "
+                      "(reshape(-1)). RL-Kernel's writer only ever saves 1-d tensors, so a 2-d "
+                      "one is not its file",
+}
+
+
+def _ours_sidecars(ev: Evidence) -> tuple[bool, list[str]]:
+    """Whether the plugin refuses the sidecars as an R/R cell judges them (exact on the active
+    tokens in bytes, every token finite, something compared, no reading problem), and why."""
+    why = [*ev.problems, *ev.sample_problems]
+    m = ev.metrics
+    if m is None:
+        why.append("no metrics")
+    else:
+        if m.bitwise_mismatch_count:
+            why.append(f"{m.bitwise_mismatch_count} active tokens differ in bits")
+        if m.nonfinite_count:
+            why.append(f"{m.nonfinite_count} non-finite active deltas")
+        if not m.active_token_count:
+            why.append("no active token compared")
+    return bool(why), why
+
+
+@pytest.mark.parametrize("name", SCASES.CASES)
+def test_sidecars_golden(name: str, tmp_path: Path) -> None:
+    want = SIDECARS_GOLDEN[name]
+    SCASES.write(name, tmp_path)
+    ev = read_evidence(tmp_path)
+    refuses, why = _ours_sidecars(ev)
+    if not want["passed"]:
+        assert refuses, f"{name}: RL-Kernel refuses ({want}), the plugin passes"
+    elif refuses:
+        assert name in SIDECARS_STRICTER, (
+            f"{name}: the plugin is stricter than RL-Kernel, undocumented: {why}")
+        return
+    else:
+        assert name not in SIDECARS_STRICTER, f"{name}: listed as stricter but the plugin passes"
+    only_rr = [e for e in want.get("errors", []) if not e.startswith("R/R requires")]
+    if "raised" in want or only_rr:
+        return  # upstream skipped samples it refused: its figures are over the rest
+    m = ev.metrics
+    assert m is not None
+    # upstream's figures over the same active tokens (float64 sums: equal to 1e-12)
+    assert (m.active_token_count, m.mismatch_count, m.bitwise_mismatch_count) == (
+        want["element_count"], want["mismatch_count"], want["bitwise_mismatch_count"]), name
+    assert m.sample_count == want["sample_count"], name
+    for ours, theirs in ((m.logprob_abs_diff_max, "max_abs_diff"),
+                         (m.train_rollout_logprob_abs_diff, "train_rollout_logprob_abs_diff"),
+                         (m.mismatch_kl, "mismatch_kl"), (m.mismatch_k3_kl, "mismatch_k3_kl")):
+        assert ours is not None and math.isclose(ours, want[theirs], rel_tol=1e-12,
+                                                 abs_tol=1e-300), (name, theirs, ours, want)
+
+
+def test_every_sidecar_case_has_a_golden_verdict() -> None:
+    assert set(SIDECARS_GOLDEN) == set(SCASES.CASES)
+    assert set(SIDECARS_STRICTER) <= set(SCASES.CASES)
+    # every case the writer can produce was checked to be upstream's writer's file
+    assert all(SIDECARS_GOLDEN[n]["upstream_writer"] for n in SCASES.PLANS)
+    # the inputs exercise both outcomes
+    assert {v["passed"] for v in SIDECARS_GOLDEN.values()} == {True, False}
