@@ -252,3 +252,60 @@ def test_every_sidecar_case_has_a_golden_verdict() -> None:
     assert all(SIDECARS_GOLDEN[n]["upstream_writer"] for n in SCASES.PLANS)
     # the inputs exercise both outcomes
     assert {v["passed"] for v in SIDECARS_GOLDEN.values()} == {True, False}
+
+
+# --- RL-Kernel's record rules: readback operator records judged against upstream's validator
+
+RECORDS = Path(__file__).parent / "golden" / "upstream" / "records"
+RECORDS_GOLDEN = json.loads((RECORDS / "verdicts.json").read_text())["cases"]
+RCASES = _load_cases(RECORDS, "record_cases")
+
+DEPTH = ("nested deeper than", "a record nested deeper than 100 levels cannot be judged (the "
+         "plugin's readers are bounded and fail closed); upstream recurses until Python's "
+         "recursion limit and passes a record of 150 or 400 levels")
+TRITON_FLAG = ("uses Triton", "a triton_used / uses_triton flag passes only when false or null "
+               "(an allow-list); upstream's _contains_triton fails only True, so 1, 'yes', [] "
+               "or a dict there pass upstream")
+# Every record the plugin refuses and RL-Kernel does not, with its documented reason (the README
+# and docs/en|zh/conformance.md carry the same classes).
+RECORDS_STRICTER = {
+    "triton_used_one": TRITON_FLAG, "triton_used_string": TRITON_FLAG,
+    "random_090": TRITON_FLAG, "random_102": TRITON_FLAG, "random_294": TRITON_FLAG,
+    **{f"random_{i:03d}": DEPTH for i in (13, 16, 41, 46, 81, 103, 108, 126, 217, 224, 271,
+                                          272)},
+}
+
+
+def test_records_golden() -> None:
+    """One test over all 1,185 records (each judged in microseconds): no record RL-Kernel's
+    validator or runtime refuses passes the plugin's rules; every record the plugin alone
+    refuses is listed with its reason, and that reason is the one the plugin gives."""
+    import hashlib
+
+    from pytest_rlkernel_matrix.judge.route.rules import upstream_findings
+
+    passed_upstream_refuses, undocumented = [], []
+    seen = set()
+    for name, module, record in RCASES.records():
+        want = RECORDS_GOLDEN[name]
+        seen.add(name)
+        digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+        assert (module, digest) == (want["module"], want["record_sha256"]), (
+            f"{name}: the generator no longer makes the record upstream judged")
+        fallbacks, failures = upstream_findings(
+            [{"module": module, "side": "rollout", "source": "vllm-rollout-1.json",
+              "record": record}], "cuda", [])
+        why = fallbacks + failures
+        if want["refuses"] and not why:
+            passed_upstream_refuses.append((name, want["errors"][:2], want["fallback"]))
+        elif why and not want["refuses"]:
+            listed = RECORDS_STRICTER.get(name)
+            if listed is None or not all(listed[0] in w for w in why):
+                undocumented.append((name, why))
+        elif name in RECORDS_STRICTER:
+            undocumented.append((name, "listed as stricter, but the plugin agrees with upstream"))
+    assert not passed_upstream_refuses, passed_upstream_refuses
+    assert not undocumented, undocumented
+    assert seen == set(RECORDS_GOLDEN)
+    refused = sum(v["refuses"] for v in RECORDS_GOLDEN.values())
+    assert 0 < refused < len(RECORDS_GOLDEN)  # both outcomes exercised
