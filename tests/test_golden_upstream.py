@@ -309,3 +309,41 @@ def test_records_golden() -> None:
     assert seen == set(RECORDS_GOLDEN)
     refused = sum(v["refuses"] for v in RECORDS_GOLDEN.values())
     assert 0 < refused < len(RECORDS_GOLDEN)  # both outcomes exercised
+
+
+# --- RL-Kernel's layer replay: judged against upstream's qwen3_report.analyze_replay
+
+REPLAY = Path(__file__).parent / "golden" / "upstream" / "replay"
+REPLAY_GOLDEN = json.loads((REPLAY / "verdicts.json").read_text())["cases"]
+RPCASES = _load_cases(REPLAY, "replay_cases")
+# Every replay the plugin refuses and upstream does not: none. A replay upstream refuses to read
+# (it raises: `foreign_layer_schema`) is not comparable here, with a reason.
+REPLAY_STRICTER: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("name", RPCASES.CASES)
+def test_replay_golden(name: str, tmp_path: Path) -> None:
+    from pytest_rlkernel_matrix.judge.localise.debugger import judge_cell
+
+    want = REPLAY_GOLDEN[name]
+    run = RPCASES.write(name, tmp_path / "run")
+    results, problems = judge_cell(run)
+    ours = results[0]["status"] if len(results) == 1 else "not_comparable"
+    theirs = "not_comparable" if want["status"] == "raised" else want["status"]
+    if theirs == "equal" and ours != "equal":
+        assert name in REPLAY_STRICTER, (name, ours, problems)
+        return
+    assert ours == theirs, (name, ours, want, problems)
+    if theirs == "equal":
+        assert not problems, (name, problems)
+    elif theirs == "diverged":
+        first, up = results[0]["first_divergence"], want["first_divergence"]
+        assert {k: first.get(k) for k in up} == up, (name, first, up)
+    else:
+        assert problems, name  # not comparable: a reason that keeps the cell from valid
+
+
+def test_every_replay_case_has_a_golden_verdict() -> None:
+    assert set(REPLAY_GOLDEN) == set(RPCASES.CASES)
+    assert {v["status"] for v in REPLAY_GOLDEN.values()} >= {"equal", "diverged",
+                                                            "not_comparable"}
