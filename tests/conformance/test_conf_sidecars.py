@@ -121,3 +121,22 @@ def test_figures_follow_upstreams_sign_and_estimators() -> None:
     assert m.mismatch_kl == -0.25  # mean(rollout - train)
     assert m.train_rollout_logprob_abs_diff == m.logprob_abs_diff_mean == 0.25
     assert m.mismatch_k3_kl == ((math.exp(0.5) - 0.5 - 1.0) + 0.0) / 2
+
+
+def test_train_and_rollout_of_different_dtypes_are_not_compared(tmp_path: Path) -> None:
+    """RL-Kernel's validator refuses a sample whose train and rollout log-probs differ in dtype
+    (issue 50's golden data: `bf16_vs_fp32_same_values`); values are never widened here."""
+    import torch
+
+    k = upstream_cell(tmp_path, clean=True)
+    for path in sorted((k.dir / "mismatch-sidecars").glob("*.call00000000.pt")):
+        data = torch.load(path, weights_only=True)
+        data["rollout_log_probs"][0] = data["rollout_log_probs"][0].to(torch.bfloat16)
+        path.unlink()
+        k.write_sidecar(data, path.name)
+    rec = k.analyze()
+    assert rec["verdict"] == "incomparable", rec["reasons"]
+    dtype = [r for r in rec["reasons"] if "train/rollout dtype mismatch" in r]
+    assert dtype and all(r.startswith("samples not comparable: call 0, sample 0 (rank ")
+                         and "train_log_probs float32, rollout_log_probs bfloat16" in r
+                         for r in dtype), rec["reasons"]
