@@ -86,19 +86,16 @@ def test_a_missing_cp_shard_is_named(tmp_path: Path) -> None:
     assert rec["mismatch_kl"] == want["mismatch_kl"]
 
 
-def test_the_legacy_schema_key_is_accepted_and_recorded(tmp_path: Path) -> None:
-    rec = upstream_cell(tmp_path, clean=True, schema=("schema", SCHEMA)).analyze()
-    assert rec["verdict"] == "valid", rec["reasons"]
-    assert rec["active_token_count"] == 55
-    assert rec["sidecar_schema"] == [f"schema={SCHEMA} (legacy key; RL-Kernel's validator wants "
-                                     "schema_version)"]
-
-
 @pytest.mark.parametrize(("schema", "why"), [
     (("schema_version", "rlkernel.vime_rocm_attention_mismatch_sidecar.v2"),
      "schema_version is 'rlkernel.vime_rocm_attention_mismatch_sidecar.v2', not "
      f"'{SCHEMA}'"),
-    (("schema", "someone.else.v1"), f"schema (legacy key) is 'someone.else.v1', not '{SCHEMA}'"),
+    (("schema", "someone.else.v1"), "no schema_version key (RL-Kernel's validator refuses the "
+     "older key schema: 'someone.else.v1')"),
+    # the older key with the right value: RL-Kernel's validator refuses it (issue 50's golden
+    # data, tests/golden/upstream/sidecars: `legacy_schema_key`), so does the plugin
+    (("schema", SCHEMA), "no schema_version key (RL-Kernel's validator refuses the older key "
+     f"schema: '{SCHEMA}')"),
     (("format", SCHEMA), f"no schema_version key (expected '{SCHEMA}')"),
 ])
 def test_an_unknown_schema_is_refused_naming_file_and_key(tmp_path: Path, schema: tuple[str, str],
@@ -124,3 +121,22 @@ def test_figures_follow_upstreams_sign_and_estimators() -> None:
     assert m.mismatch_kl == -0.25  # mean(rollout - train)
     assert m.train_rollout_logprob_abs_diff == m.logprob_abs_diff_mean == 0.25
     assert m.mismatch_k3_kl == ((math.exp(0.5) - 0.5 - 1.0) + 0.0) / 2
+
+
+def test_train_and_rollout_of_different_dtypes_are_not_compared(tmp_path: Path) -> None:
+    """RL-Kernel's validator refuses a sample whose train and rollout log-probs differ in dtype
+    (issue 50's golden data: `bf16_vs_fp32_same_values`); values are never widened here."""
+    import torch
+
+    k = upstream_cell(tmp_path, clean=True)
+    for path in sorted((k.dir / "mismatch-sidecars").glob("*.call00000000.pt")):
+        data = torch.load(path, weights_only=True)
+        data["rollout_log_probs"][0] = data["rollout_log_probs"][0].to(torch.bfloat16)
+        path.unlink()
+        k.write_sidecar(data, path.name)
+    rec = k.analyze()
+    assert rec["verdict"] == "incomparable", rec["reasons"]
+    dtype = [r for r in rec["reasons"] if "train/rollout dtype mismatch" in r]
+    assert dtype and all(r.startswith("samples not comparable: call 0, sample 0 (rank ")
+                         and "train_log_probs float32, rollout_log_probs bfloat16" in r
+                         for r in dtype), rec["reasons"]

@@ -502,8 +502,12 @@ def _numpy(bases: dict[str, Any]) -> Any:
     """Each tensor as a read-only numpy view of its record's bytes: torch's dtype (bfloat16
     widened exactly to float32: its bits shifted up 16, what torch's `.float()` gives for all
     65,536 patterns; numpy has none), size, stride and storage offset. float16 is read the torch
-    way: torch's `.float()` quiets a signalling NaN in one loop and not in another (measured)."""
+    way: torch's `.float()` quiets a signalling NaN in one loop and not in another (measured).
+    A widened bfloat16 array's dtype says so in its metadata (`{"torch": "bfloat16"}`; it
+    compares equal to float32), so readers can tell the dtype it was stored in."""
     import numpy as np
+
+    bf16_as_f32 = np.dtype("<f4", metadata={"torch": "bfloat16"})
 
     def tensor(t: _Tensor) -> Any:
         st, offset, size, stride = t.args[:4]
@@ -517,7 +521,7 @@ def _numpy(bases: dict[str, Any]) -> Any:
                 buffer.flags.writeable = False
                 bases[st.pid[2]] = buffer
         item = 4 if kind.numpy is None else kind.itemsize
-        return np.ndarray(size, kind.numpy or "<f4", buffer, offset * item,
+        return np.ndarray(size, kind.numpy or bf16_as_f32, buffer, offset * item,
                           (stride[0] * item,) if len(stride) == 1 else tuple(
                               s * item for s in stride))
     return tensor

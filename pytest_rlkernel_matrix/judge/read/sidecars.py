@@ -1,10 +1,13 @@
 """Mismatch sidecars read the way RL-Kernel's own validator reads them (docs/artifact-format.md).
 
 One file per rank and call, `rank{rank:05d}.call{call:08d}.pt`: a dict with `schema_version`
-(`rlkernel.vime_rocm_attention_mismatch_sidecar.v1`; the older `schema` key is accepted and
-recorded as legacy), `rank`, `call_index`, `tensor_parallel_size`, `context_parallel_size` and
-per-sample lists `train_log_probs`, `rollout_log_probs`, `loss_masks`, `total_lengths`,
-`response_lengths`.
+(`rlkernel.vime_rocm_attention_mismatch_sidecar.v1`; anything else refuses the file, the older
+`schema` key included, as RL-Kernel's `compare_train_rollout_logps` refuses it), `rank`,
+`call_index`, `tensor_parallel_size`, `context_parallel_size` and per-sample lists
+`train_log_probs`, `rollout_log_probs`, `loss_masks`, `total_lengths`, `response_lengths`.
+A sample whose train and rollout log-probs are stored in different dtypes is not compared (a
+reason naming both), as upstream: values are never widened to compare
+(tests/golden/upstream/sidecars: upstream's verdicts).
 
 Ranks follow Megatron's order (tp-cp-dp): `cp_rank = (rank // tp) % cp`, `dp_rank = rank //
 (tp * cp)`. TP ranks are replicas: every one is read and compared with the first copy (lowest
@@ -28,7 +31,6 @@ import numpy as np
 from pytest_rlkernel_matrix.judge.read.metrics import Sample
 
 SIDECAR_SCHEMA = "rlkernel.vime_rocm_attention_mismatch_sidecar.v1"
-LEGACY_SCHEMAS = (SIDECAR_SCHEMA, "rlk-reference.mismatch_sidecar.v1")
 LIST_FIELDS = ("train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths",
                "response_lengths")
 
@@ -76,8 +78,8 @@ def _held(spans: tuple[Span, ...]) -> int:
 
 
 def schema_of(data: Mapping[str, Any]) -> str:
-    """The sidecar's schema as recorded (`schema=... (legacy key)` for the old key), or
-    SidecarError naming the key."""
+    """The sidecar's schema, or SidecarRefused naming the key. Only `schema_version` counts:
+    RL-Kernel's validator refuses a sidecar without it (the older `schema` key included)."""
     if "schema_version" in data:
         value = data["schema_version"]
         if value != SIDECAR_SCHEMA:
@@ -85,11 +87,8 @@ def schema_of(data: Mapping[str, Any]) -> str:
                                  f"{SIDECAR_SCHEMA!r}")
         return str(value)
     if "schema" in data:
-        value = data["schema"]
-        if value not in LEGACY_SCHEMAS:
-            raise SidecarRefused(f"schema (legacy key) is {str(value)[:80]!r}, not "
-                                 f"{SIDECAR_SCHEMA!r}")
-        return f"schema={value} (legacy key; RL-Kernel's validator wants schema_version)"
+        raise SidecarRefused(f"no schema_version key (RL-Kernel's validator refuses the older "
+                             f"key schema: {str(data['schema'])[:60]!r})")
     raise SidecarRefused(f"no schema_version key (expected {SIDECAR_SCHEMA!r})")
 
 
@@ -104,6 +103,18 @@ def _count(value: Any, what: str, minimum: int) -> int:
     if value < minimum:
         raise SidecarError(f"{what} is {value}, below {minimum}")
     return value
+
+
+def stored_dtype(value: Any) -> str:
+    """The dtype a log-prob tensor was saved in (`bfloat16` for `ptread`'s widened arrays, which
+    say so in their dtype's metadata; `float64` for a list, as it is read here)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return "float64"
+    meta = getattr(dtype, "metadata", None)
+    if meta and "torch" in meta:
+        return str(meta["torch"])
+    return str(dtype).removeprefix("torch.")
 
 
 def float_array(value: Any, what: str) -> np.ndarray:
@@ -145,6 +156,7 @@ class Shard:
     rollout: np.ndarray
     mask: np.ndarray  # bool, sliced to this shard's positions
     spans: tuple[Span, ...]  # where the stored values lie in the response (`response_spans`)
+    dtypes: tuple[str, str] = ("", "")  # train's and rollout's stored dtypes (`stored_dtype`)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -161,14 +173,16 @@ class Shard:
         if (a.total == b.total and a.response == b.response and a.train.dtype == b.train.dtype
                 and a.rollout.dtype == b.rollout.dtype and a.mask.dtype == b.mask.dtype
                 and a.train.shape == b.train.shape and a.rollout.shape == b.rollout.shape
-                and a.mask.shape == b.mask.shape and a.train.tobytes() == b.train.tobytes()
+                and a.mask.shape == b.mask.shape and a.dtypes == b.dtypes
+                and a.train.tobytes() == b.train.tobytes()
                 and a.rollout.tobytes() == b.rollout.tobytes()
                 and a.mask.tobytes() == b.mask.tobytes()):
             return []  # (the common case, every field compared below at once)
-        out = [name for name, a, b in (("train_log_probs", self.train, other.train),
-                                       ("rollout_log_probs", self.rollout, other.rollout),
-                                       ("loss_masks", self.mask, other.mask))
-               if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes()]
+        out = [name for name, a, b, i in (("train_log_probs", self.train, other.train, 0),
+                                          ("rollout_log_probs", self.rollout, other.rollout, 1),
+                                          ("loss_masks", self.mask, other.mask, None))
+               if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes()
+               or (i is not None and self.dtypes[i] != other.dtypes[i])]
         out += [name for name, a, b in (("total_lengths", self.total, other.total),
                                         ("response_lengths", self.response, other.response))
                 if a != b]
@@ -226,14 +240,15 @@ def read_sidecar(data: Any, file: str) -> tuple[SidecarInfo, list[Shard]]:
                                f"response_lengths is {resp}")
         spans = response_spans(total, resp, info.cp, cp_rank)
         train, roll = trains[i], rolls[i]  # type: ignore[index]
+        dtypes = (stored_dtype(train), stored_dtype(roll))
         if not (type(train) is np.ndarray and train.ndim == 1 and train.dtype.kind in "fiub"):
             train = float_array(train, f"train_log_probs[{i}]")
         if not (type(roll) is np.ndarray and roll.ndim == 1 and roll.dtype.kind in "fiub"):
             roll = float_array(roll, f"rollout_log_probs[{i}]")
         shards.append(Shard(
             file=file, rank=info.rank, call=info.call, dp=dp, index=i, cp_rank=cp_rank, cp=info.cp,
-            total=total, response=resp, train=train, rollout=roll,
-            mask=_slice(full, spans).astype(bool), spans=spans))  # (sliced, then cast: the same)
+            total=total, response=resp, train=train, rollout=roll,  # (mask sliced, then cast)
+            mask=_slice(full, spans).astype(bool), spans=spans, dtypes=dtypes))
     return info, shards
 
 
@@ -272,6 +287,12 @@ def merge(shards: Sequence[Shard]) -> Merged:
                 f"{', '.join(differ)} differ ({sh.file} vs {prev.file})")
     groups: dict[tuple[int, int, int], list[Shard]] = {}
     for sh in first.values():
+        if sh.dtypes[0] != sh.dtypes[1]:  # not comparable: never widened (as RL-Kernel)
+            out.problems.append(
+                f"call {sh.call}, sample {sh.index} (rank {sh.rank}): train/rollout dtype "
+                f"mismatch: train_log_probs {sh.dtypes[0]}, rollout_log_probs {sh.dtypes[1]} "
+                f"(not compared; {sh.file})")
+            continue
         held = _held(sh.spans)
         if sh.train.size != sh.rollout.size or sh.train.size != held:
             out.problems.append(
