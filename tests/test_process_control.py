@@ -252,7 +252,8 @@ def test_concurrent_cells_in_one_process_stop_only_their_own(tmp_path: Path) -> 
 # never returns, SIGTERM or not (the plugin's handler only counts signals while cleaning up).
 # The child below makes the race certain: a profile hook sends SIGINT the instant that
 # `acquire` returns inside `Popen._wait` (its C handler only sets the flag; the KeyboardInterrupt
-# comes at the next bytecode, before the `try`). The cell's own command interrupts too, so the
+# comes at the next bytecode, before the `try`). The cell's own command interrupts too, 1.5 s
+# later (after the race, which must not land while the runner is already cleaning up), so the
 # runner is interrupted whether or not it ever calls `Popen.wait`.
 RACE = r"""
 import os, signal, subprocess, sys
@@ -270,9 +271,9 @@ procs.STOP.install()
 sys.setprofile(hook)
 art = Path(sys.argv[1])
 try:
-    run_cell_command(["bash", "-c", 'kill -INT $PPID; echo $$ > "$0/main.pid"; exec sleep 300',
-                      str(art)], cwd=art, env=dict(os.environ), timeout=60, artifact_dir=art,
-                     kill_grace=0.5)
+    cmd = 'echo $$ > "$0/main.pid"; sleep 1.5; kill -INT $PPID; exec sleep 300'
+    run_cell_command(["bash", "-c", cmd, str(art)], cwd=art, env=dict(os.environ), timeout=60,
+                     artifact_dir=art, kill_grace=0.5)
 except KeyboardInterrupt:
     sys.setprofile(None)
     print("interrupted", "race hit" if not armed[0] else "race not reached")
