@@ -267,6 +267,7 @@ def hook(frame, event, arg):
             and frame.f_code.co_name == "_wait" and "subprocess" in frame.f_code.co_filename):
         armed[0] = False
         os.kill(os.getpid(), signal.SIGINT)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # not SIG_IGN, however pytest ran
 procs.STOP.install()
 sys.setprofile(hook)
 art = Path(sys.argv[1])
