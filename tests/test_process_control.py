@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,60 @@ def test_concurrent_cells_in_one_process_stop_only_their_own(tmp_path: Path) -> 
     assert still_running, "the other cell's main process was killed"
     assert results["long"].exit_code == 0 and results["long"].killed_pids == []
     assert results["short"].exit_code == 0 and len(results["short"].leftover_pids) >= 3
+
+
+# The interrupt that lands between `Popen._waitpid_lock.acquire(False)` and the `try` that
+# releases it (a rare race: seen once, on a busy box) leaves that lock held for good: every later
+# `Popen.wait(timeout)` times out though the child is dead, and a `wait()` without a timeout
+# never returns, SIGTERM or not (the plugin's handler only counts signals while cleaning up).
+# The child below makes the race certain: a profile hook sends SIGINT the instant that
+# `acquire` returns inside `Popen._wait` (its C handler only sets the flag; the KeyboardInterrupt
+# comes at the next bytecode, before the `try`). The cell's own command interrupts too, 1.5 s
+# later (after the race, which must not land while the runner is already cleaning up), so the
+# runner is interrupted whether or not it ever calls `Popen.wait`.
+RACE = r"""
+import os, signal, subprocess, sys
+from pathlib import Path
+from pytest_rlkernel_matrix.run import procs
+from pytest_rlkernel_matrix.run.runner import run_cell_command
+
+armed = [True]
+def hook(frame, event, arg):
+    if (armed[0] and event == "c_return" and getattr(arg, "__name__", "") == "acquire"
+            and frame.f_code.co_name == "_wait" and "subprocess" in frame.f_code.co_filename):
+        armed[0] = False
+        os.kill(os.getpid(), signal.SIGINT)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # not SIG_IGN, however pytest ran
+procs.STOP.install()
+sys.setprofile(hook)
+art = Path(sys.argv[1])
+try:
+    cmd = 'echo $$ > "$0/main.pid"; sleep 1.5; kill -INT $PPID; exec sleep 300'
+    run_cell_command(["bash", "-c", cmd, str(art)], cwd=art, env=dict(os.environ), timeout=60,
+                     artifact_dir=art, kill_grace=0.5)
+except KeyboardInterrupt:
+    sys.setprofile(None)
+    print("interrupted", "race hit" if not armed[0] else "race not reached")
+"""
+
+
+def test_an_interrupt_inside_popens_wait_cannot_hang_the_stop(tmp_path: Path) -> None:
+    art = tmp_path / "cell"
+    art.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", RACE, str(art)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out = child.communicate(timeout=30)[0].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the hang: the runner never came back
+        child.communicate()
+        pid_file = art / "main.pid"
+        if pid_file.exists():  # stop the cell the hung runner left behind (if any)
+            with suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        pytest.fail("an interrupt left the runner waiting forever for the cell's main process")
+    assert child.returncode == 0, out
+    assert out.startswith("interrupted"), out
+    assert (art / "exit-code").read_text() == "-15\n"  # SIGTERM'd, status read, not lost
+    assert "[rlk-matrix] interrupted: killed process group" in (art / "run.log").read_text()
+    assert _gone(int((art / "main.pid").read_text()))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -304,6 +305,84 @@ def alive(pids: Iterable[int]) -> list[int]:
     """Those of `pids` that still exist and are not zombies."""
     snap = snapshot()
     return sorted(p for p in pids if p in snap and not snap[p].dead)
+
+
+# -- the cell's main process: waited for without `Popen.wait` -------------------------------------
+
+
+_WAITID = hasattr(os, "waitid") and hasattr(os, "WNOWAIT")
+
+
+class Main:
+    """The cell's main process, waited for and killed without going through `Popen`'s own wait.
+
+    `Popen.wait(timeout=...)` and `Popen.poll()` take `Popen._waitpid_lock` with
+    `acquire(False)` and only then enter the `try` that releases it: a KeyboardInterrupt raised
+    by a signal handler between the two (Ctrl-C, or the plugin's SIGTERM handler) leaves the lock
+    held for good. Every later `wait(timeout)` then times out although the child is dead, and a
+    `wait()` without a timeout blocks forever on that lock (a signal handler that does not raise
+    does not get it out). Here the status is read with `waitid(WNOWAIT)` (it stays collectable
+    when an interrupt lands in between), stored in `Popen.returncode`, and only then collected;
+    every wait is bounded, and no lock is taken.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.seen = False  # `returncode` was set here, from waitid(WNOWAIT): still to collect
+        self.collected = False  # collected (here, by `Popen`, or by someone else)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> bool:
+        """Has the main process exited? Its exit code, when known, is `returncode`."""
+        if self.collected:
+            return True
+        pid = self.proc.pid
+        if not self.seen:
+            if self.proc.returncode is not None:  # `Popen` collected it itself
+                self.collected = True
+                return True
+            try:
+                if not _WAITID:  # pragma: no cover - every Linux has waitid
+                    got, status = os.waitpid(pid, os.WNOHANG)
+                    if got == 0:
+                        return False
+                    self.collected = True
+                    self.proc.returncode = os.waitstatus_to_exitcode(status)
+                    return True
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # collected by someone else: exited, its code unknown
+                self.collected = True
+                return True
+            if info is None:
+                return False
+            killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            self.proc.returncode = -info.si_status if killed else info.si_status
+            self.seen = True
+        # Marked first: an interrupt after this leaves a zombie (reaped at exit), never a second
+        # waitpid on a pid that may since belong to another cell's child.
+        self.collected = True
+        with suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return True
+
+    def wait(self, timeout: float, hurry: Iterator[bool] | None = None) -> bool:
+        """Poll for up to `timeout` seconds (cut short when `hurry` yields True); exited?"""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while not self.poll():
+            left = deadline - time.monotonic()
+            if left <= 0 or (hurry is not None and next(hurry)):
+                return False
+            time.sleep(min(0.05, left))
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the main process if it has not been seen to exit (its pid is still ours)."""
+        if not self.poll():
+            with suppress(OSError):
+                os.kill(self.proc.pid, signal.SIGKILL)
 
 
 # -- stopping the session: SIGTERM behaves like Ctrl-C, and cleanup is not cut short -------------

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from pytest_rlkernel_matrix.run import cpushare, procs
 from pytest_rlkernel_matrix.spec.cells import Cell
@@ -164,15 +165,21 @@ def last_line(log_path: Path, tail_bytes: int = 4096) -> str:
     return ""
 
 
-def _stop(proc: subprocess.Popen[bytes], family: procs.Family, grace: float) -> list[int]:
-    """Stop the whole family, the main process included; returns the pids signalled."""
+def _stop(main: procs.Main, family: procs.Family, grace: float) -> list[int]:
+    """Stop the whole family, the main process included; returns the pids signalled.
+
+    Bounded: at most about `2 * grace + 10` s however the processes behave (a second Ctrl-C or
+    SIGTERM cuts the graces short). The main process is waited for through `procs.Main`, never
+    `Popen.wait`, whose lock an interrupt may have left held (then `wait()` never returns). One
+    that is still not collected after SIGKILL and the waits (stuck in the kernel) is left: its
+    exit code stays unknown (`None`) and the caller says so.
+    """
     with procs.STOP.cleaning_up():
-        killed = procs.terminate(family, grace, procs.STOP.hurry())
-        try:
-            proc.wait(timeout=grace + 5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL already sent
-            proc.kill()
-            proc.wait()
+        hurry = procs.STOP.hurry()
+        killed = procs.terminate(family, grace, hurry)
+        if not main.wait(grace + 5, hurry):  # terminate() sent SIGKILL already
+            main.kill()
+            main.wait(5)
         family.main_alive = False
         return killed + procs.terminate(family, grace, procs.STOP.hurry())
 
@@ -230,29 +237,30 @@ def run_cell_command(
                 log.write(f"[rlk-matrix] {launch_error}\n".encode())
             else:
                 pid = proc.pid
-                if cpus:
-                    affinity = _affinity_seen(proc.pid, cpus, pin.error)
-                    if not affinity.startswith("applied"):
-                        log.write(f"[rlk-matrix] CPU affinity {affinity}\n".encode())
-                        log.flush()
                 family = procs.Family(proc.pid, marker, before)
+                main = procs.Main(proc)  # never Popen.wait: see procs.Main
                 try:
+                    if cpus:
+                        affinity = _affinity_seen(proc.pid, cpus, pin.error)
+                        if not affinity.startswith("applied"):
+                            log.write(f"[rlk-matrix] CPU affinity {affinity}\n".encode())
+                            log.flush()
                     deadline = t0 + timeout
                     while True:
                         step = min(progress_every, deadline - time.monotonic())
-                        try:
-                            exit_code = proc.wait(timeout=max(step, 0.01))
+                        if main.wait(max(step, 0.01)):
+                            exit_code = main.returncode
                             break
-                        except subprocess.TimeoutExpired:
-                            if time.monotonic() >= deadline:
-                                raise
-                            if progress is not None:
-                                log.flush()
-                                progress(time.monotonic() - t0, last_line(log_path))
+                        if time.monotonic() >= deadline:
+                            raise subprocess.TimeoutExpired(argv, timeout)
+                        if progress is not None:
+                            log.flush()
+                            progress(time.monotonic() - t0, last_line(log_path))
                 except subprocess.TimeoutExpired:
                     timed_out = True
-                    killed = _stop(proc, family, kill_grace)
-                    exit_code = proc.returncode
+                    killed = _stop(main, family, kill_grace)
+                    exit_code = main.returncode
+                    _unknown_exit(main, log)
                     log.write(
                         f"\n[rlk-matrix] timeout after {timeout:g} s: killed process group "
                         f"{proc.pid} and {len(killed)} process(es) of the cell: "
@@ -261,8 +269,9 @@ def run_cell_command(
                 except KeyboardInterrupt:
                     with procs.STOP.cleaning_up():
                         interrupted = True
-                        killed = _stop(proc, family, kill_grace)
-                        exit_code = proc.returncode
+                        killed = _stop(main, family, kill_grace)
+                        exit_code = main.returncode
+                        _unknown_exit(main, log)
                         log.write(
                             f"\n[rlk-matrix] interrupted: killed process group {proc.pid} and "
                             f"{len(killed)} process(es) of the cell: {_pids(killed)}\n".encode()
@@ -303,6 +312,12 @@ def run_cell_command(
     if interrupted and raise_on_interrupt:
         raise KeyboardInterrupt
     return result
+
+
+def _unknown_exit(main: procs.Main, log: BinaryIO) -> None:
+    if not main.poll():
+        log.write(f"\n[rlk-matrix] the main process {main.proc.pid} was not seen to exit after "
+                  f"SIGKILL (stuck in the kernel?): its exit code is unknown\n".encode())
 
 
 def _affinity_seen(pid: int, cpus: Sequence[int], error: str | None) -> str:
