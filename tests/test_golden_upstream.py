@@ -268,7 +268,18 @@ TRITON_FLAG = ("uses Triton", "a triton_used / uses_triton flag passes only when
                "or a dict there pass upstream")
 # Every record the plugin refuses and RL-Kernel does not, with its documented reason (the README
 # and docs/en|zh/conformance.md carry the same classes).
+UPSTREAM_FALLBACK_KEYS = ("fallback", "fallback_used", "split_kv_fallback", "used_fallback")
+COMPOUND_FALLBACK = ("a fallback", "a key naming a fallback in a compound form (attention_fallback, "
+                     "usedFallback, fall_back, fallbacks, fallback_reason) is a fallback here "
+                     "(issue 51: any key naming a fallback, one definition in "
+                     "judge/read/fallback.py); upstream's _contains_fallback knows four keys")
 RECORDS_STRICTER = {
+    **{f"fallback_{i}_{j}_{where}": COMPOUND_FALLBACK
+       for i, key in enumerate(RCASES.FALLBACK_KEYS)
+       if key.strip().lower() not in UPSTREAM_FALLBACK_KEYS
+       for j, value in enumerate(RCASES.FALLBACK_VALUES)
+       if value not in (False, None, "", 0)
+       for where in ("record", "provenance", "execution", "nested_list")},
     "triton_used_one": TRITON_FLAG, "triton_used_string": TRITON_FLAG,
     "random_090": TRITON_FLAG, "random_102": TRITON_FLAG, "random_294": TRITON_FLAG,
     **{f"random_{i:03d}": DEPTH for i in (13, 16, 41, 46, 81, 103, 108, 126, 217, 224, 271,
