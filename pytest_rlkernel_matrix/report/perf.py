@@ -53,12 +53,12 @@ from pytest_rlkernel_matrix.report.attribution import (
 from pytest_rlkernel_matrix.report.perf_text import (
     compact,
     no_statement,
-    one_process_why,
     refusal_lines,
     refusals,
     remedy,
     report_note,
     report_reasons,
+    thin_why,
 )
 
 PHASES = COMPARED_PHASES  # rollout, training, weight sync, step
@@ -121,6 +121,18 @@ def _costs(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None
             if isinstance(wall, (int, float)) and wall > 0:
                 fixed.append(max(0.0, float(wall) - n * step))
     return (float(np.median(fixed)) if fixed else 10.0 * step, step)
+
+
+def _process_counts(record: Mapping[str, Any], requested: int) -> dict[str, int]:
+    """A cell's processes: asked, run, counted (their timings used) and refused."""
+    m = record.get("measured")
+    if isinstance(m, Mapping) and m.get("runs") is not None:
+        runs = list(m.get("runs") or [])
+        counted = sum(1 for r in runs if r.get("used"))
+        return {"requested": int(m.get("requested") or requested), "ran": len(runs),
+                "counted": counted, "refused": len(runs) - counted}
+    counted = 1 if record.get("performance_usable") else 0
+    return {"requested": requested, "ran": 1, "counted": counted, "refused": 1 - counted}
 
 
 def sentence(side: str, phase: str, kind: str, ratio: float | None, low: float | None,
@@ -190,6 +202,9 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                            for c in CELLS)
         entry.update(requested=int(declared.processes), auto=bool(declared.auto),
                      budget=float(declared.budget))
+        # per cell: processes asked, run, counted and refused (what a thin cell's reason names)
+        entry["processes"] = {c: _process_counts(cells[c], int(declared.processes))
+                              for c in CELLS}
         for phase in PHASES:
             groups = {c: process_steps(cells[c], phase) for c in CELLS}
             if not all(groups.values()):
@@ -222,8 +237,11 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 if refused:
                     s.update(kind=NOT_JUDGED, why=refused)
                 elif f.effects[side].se is None:
-                    s.update(kind=INCONCLUSIVE, why=one_process_why(
-                        int(declared.processes), bool(declared.auto), float(declared.budget)))
+                    counts = {c: {**entry["processes"][c], "counted": f.cells[c].n}
+                              for c in CELLS}
+                    s.update(kind=INCONCLUSIVE, why=thin_why(
+                        counts, int(declared.processes), bool(declared.auto),
+                        float(declared.budget)))
                 else:
                     answers.append((s, Answer((hardware, module, side, phase), f.effects[side]),
                                     f, costs))
