@@ -168,3 +168,41 @@ def test_the_committed_h100_report_reads_consistently_when_judged_again() -> Non
             "process/clock query failed: nvidia-smi") in entry["line"], entry["line"]
     assert "0% of the cell's CPUs" not in entry["line"]
     assert entry["ran"] == 10
+
+
+def test_the_early_stop_says_what_stage_one_resolved_and_the_budget_it_needs() -> None:
+    """(c): the H100 session's stop, from its records: the processes per cell, what they
+    resolve (nothing: the thin cell), and the budget that holds stage one at the measured cost
+    (12 x 28.5 s = 5.7 min: 6 min)."""
+    from pytest_rlkernel_matrix.report.perf import budget_stop
+
+    cells = json.loads(EXAMPLE.read_text())["cells"]
+    text = budget_stop(cells, 3, 5.0, 285.0, 28.5)
+    assert text == ("the budget (5 min) did not hold stage 1 (12 processes, 3 per cell, ~28 s "
+                    "each: 5.7 min): 10 ran in 285 s (R/R 3, P/R 3, R/P 2, P/P 2); 0 of 8 "
+                    "statements resolved (one process in P/P); --rlk-perf-budget=6 would hold "
+                    "stage 1"), text
+    assert len(text) <= 240
+
+
+def test_the_early_stop_is_in_the_json_and_the_html_as_in_the_terminal(tmp_path: Path) -> None:
+    """(d): the terminal said 'auto stopped early: ...'; the JSON and the HTML did not."""
+    from pytest_rlkernel_matrix.report.html import write_html
+    from pytest_rlkernel_matrix.report.matrix_report import build_report
+
+    old = json.loads(EXAMPLE.read_text())
+    (tmp_path / ".auto").mkdir()
+    why = "the budget (5 min) did not hold stage 1 (12 processes ...)"
+    (tmp_path / ".auto" / "stop.main.json").write_text(json.dumps({"why": why}))
+    report = build_report(old["cells"], matrix=old["matrix"], matrix_root=tmp_path,
+                          preflight={}, created=old["created"], expected_cells=4,
+                          interrupted=False)
+    assert report["performance"]["auto_stop"] == why
+    write_html(report, tmp_path / "r.html", {})
+    page = (tmp_path / "r.html").read_text()
+    assert "auto stopped early: the budget (5 min) did not hold stage 1" in page
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    assert build_report(old["cells"], matrix=old["matrix"], matrix_root=quiet, preflight={},
+                        created=old["created"], expected_cells=4,
+                        interrupted=False)["performance"]["auto_stop"] is None

@@ -314,6 +314,36 @@ def module_line(entry: Mapping[str, Any], margin: float, family: int,
     return head + ":\n" + "\n".join(f"  {s['text']}" for s in stmts if "text" in s) + tail
 
 
+def budget_stop(records: Sequence[Mapping[str, Any]], first: int, budget: float, used: float,
+                per_process: float) -> str:
+    """Why an auto session stopped inside stage one (the budget ran out before its `first`
+    processes per cell ran), with what it could resolve: the processes run per cell, how many
+    statements the processes that ran resolve (and why not, when none), the time stage one
+    needs at the measured cost of a process, and the budget that would hold it (issue 52: an
+    H100 session said only '285 s used, a process costs about 28 s')."""
+    from pytest_rlkernel_matrix.report.perf_text import split_why
+
+    order = {c: i for i, c in enumerate(CELLS)}
+    cells = sorted((r for r in records if r.get("case") in order),
+                   key=lambda r: (str(r.get("hardware")), str(r.get("module")),
+                                  order[str(r["case"])]))
+    ran = {f"{r.get('module')} {r['case']}" if len({x.get("module") for x in cells}) > 1
+           else str(r["case"]): int((r.get("measured") or {}).get("ran") or 1) for r in cells}
+    wanted = first * len(cells)
+    need = wanted * per_process
+    said = [s for m in performance(records)["modules"] for s in m["statements"]]
+    answered = [s for s in said if s.get("low") is not None]
+    whys = list(dict.fromkeys(split_why(str(s["why"]))[0] for s in said
+                              if s.get("low") is None and s.get("why")))
+    resolved = (f"{len(answered)} of {len(said)} statements resolved"
+                + (f" ({whys[0].split(' (')[0]})" if whys and not answered else ""))
+    return (f"the budget ({budget:g} min) did not hold stage 1 ({wanted} processes, {first} per "
+            f"cell, ~{per_process:.0f} s each: {need / 60:.1f} min): {sum(ran.values())} ran in "
+            f"{used:.0f} s (" + ", ".join(f"{k} {v}" for k, v in ran.items())
+            + f"); {resolved}; --rlk-perf-budget={max(1, math.ceil(need / 60))} would hold "
+            "stage 1")
+
+
 def said_by_module(perf: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """(hardware, module) -> the statements of a `performance` section."""
     return {(str(m["hardware"]), str(m["module"])): list(m["statements"])
