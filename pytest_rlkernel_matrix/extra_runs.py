@@ -249,6 +249,11 @@ def run_measured(ms: Any, say: Any = None) -> int:
             records = [ms._analyze(d, c) for c, _, d, _ in runs]
             for (_, _, d, _), rec in zip(runs, records, strict=True):
                 ms.write_json(d / RECORD_CACHE, rec)
+            if stop:  # what stage one's processes that ran resolve, and the budget it needs
+                from pytest_rlkernel_matrix.report.perf import budget_stop
+
+                stop = budget_stop(records, total, perf.budget, budget.used(),
+                                   budget.per_process)
             round_s = budget.per_process * max(1, len(runs))
             if ms.worker is not None:
                 target, said, why = _shared_plan(ms, runs, stop, total, budget.left, say)
@@ -301,19 +306,9 @@ def _note_stop(ms: Any, runs: list[Any], why: str | None) -> None:
 
 def stop_reason(root: Path) -> str | None:
     """Why an auto session stopped early (the first reason any worker left), or None."""
-    from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
+    from pytest_rlkernel_matrix.report.measured import auto_stop
 
-    folder = root / AUTO_DIR
-    if not folder.is_dir():
-        return None
-    for path in sorted(folder.glob("stop.*.json")):
-        try:
-            why = json.loads(read_bytes(path, root, 1 << 16)).get("why")
-        except (OSError, ValueError, AttributeError, Refused):
-            continue
-        if isinstance(why, str) and why:
-            return why
-    return None
+    return auto_stop(root)
 
 
 def _shared_plan(ms: Any, runs: list[Any], stop: str | None, first: int,

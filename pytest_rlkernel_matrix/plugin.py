@@ -385,7 +385,7 @@ def _performance_lines(ms: MatrixSession) -> list[str]:
     note = [str(perf["note"])] if perf.get("note") else []  # a reason all share, said once
     from pytest_rlkernel_matrix.extra_runs import stop_reason
 
-    stop = ms.auto_stop or stop_reason(ms.root)
+    stop = perf.get("auto_stop") or ms.auto_stop or stop_reason(ms.root)
     if stop:  # --rlk-processes=auto stopped early: why, with the figures (issue 52)
         note.insert(0, f"performance: auto stopped early: {stop}")
     return note + [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]

@@ -8,6 +8,7 @@ step, so processes differ) and on known records.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -102,7 +103,9 @@ def test_a_contaminated_auto_session_stops_early_and_says_why(
     out = result.stdout.str()
     assert result.ret == 0, out
     assert "rlk: auto: stopped after stage 1:" in out, out
-    assert "refused for contamination (worst: processes outside the cell used" in out, out
+    # named by cell and process: "... (worst: R/P process 3: processes outside the cell used"
+    assert re.search(r"refused for contamination \(worst: [RP]/[RP] process \d+: processes "
+                     "outside the cell used", out), out
     assert "no statement is possible on this machine now" in out
     assert "performance: auto stopped early:" in out
     assert set(_measured_dirs(_root(pytester)).values()) == {3}  # no stage two

@@ -389,7 +389,8 @@ def test_a_byte_copied_measured_run_is_refused_and_named(
     assert any(d.startswith("R/R process 3 (measured.3): duplicate of .") for d in
                entry["dropped"]), entry["dropped"]
     # the terminal counts refusals by cause, with the worst figure, and a remedy
-    assert "1 of 9 processes refused for duplicate (worst: duplicate of .: the same run id" \
+    assert ("1 of 9 processes refused for duplicate (worst: R/R process 3: duplicate of .: "
+            "the same run id") \
         in entry["line"], entry["line"]
     assert "remedy: fix what the refused processes' reasons name" in entry["line"]
     assert "--rlk-processes=4 or --rlk-processes=auto" in entry["line"]

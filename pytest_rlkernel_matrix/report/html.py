@@ -324,6 +324,8 @@ def _performance(report: Mapping[str, Any]) -> View | None:
              if perf.get("family") else f"{perf.get('note') or 'No statement.'} Every ratio "
              f"reads {perf.get('direction')}. ") + (
         f"Phase times per cell: {perf.get('cell_interval')}.")
+    if perf.get("auto_stop"):  # as the terminal says it (issue 52)
+        intro = f"performance: auto stopped early: {perf['auto_stop']}. {intro}"
     drill = _map(perf.get("drill"))
     return {"intro": intro, "modules": views, "forest": forest(perf, modules),
             "drill": str(drill.get("text")) if drill else None}

@@ -164,6 +164,10 @@ def build_report(
 
     ordered = sorted(records, key=lambda r: (r["hardware"], cell_order(r)))
     attribution, factor_attribution, perf = attributions(ordered, memo)
+    from pytest_rlkernel_matrix.report.measured import auto_stop
+
+    # why --rlk-processes=auto stopped early, in the JSON and the HTML as in the terminal
+    perf = {**perf, "auto_stop": auto_stop(matrix_root)}
     return {
         "schema_version": REPORT_SCHEMA,
         # a fault drill's report says so first (report/drill.py); None: no drill

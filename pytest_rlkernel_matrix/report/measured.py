@@ -272,3 +272,27 @@ def _contamination(record: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(m, Mapping):
         return None
     return {k: m.get(k) for k in ("foreign_cpu_share", "load1_mean", "owned", "devices")}
+
+
+AUTO_DIR = ".auto"  # --rlk-processes=auto's shared files under the matrix root (extra_runs)
+
+
+def auto_stop(root: Path) -> str | None:
+    """Why an auto session stopped early: the first reason any worker left in
+    `<root>/.auto/stop.<worker>.json` (read through store), or None. The report's
+    `performance.auto_stop` (the JSON and the HTML say it as the terminal does)."""
+    import json
+
+    from pytest_rlkernel_matrix.store.safeio import Refused, read_bytes
+
+    folder = root / AUTO_DIR
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("stop.*.json")):
+        try:
+            why = json.loads(read_bytes(path, root, 1 << 16)).get("why")
+        except (OSError, ValueError, AttributeError, Refused):
+            continue
+        if isinstance(why, str) and why:
+            return why
+    return None

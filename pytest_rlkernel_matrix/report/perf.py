@@ -53,12 +53,12 @@ from pytest_rlkernel_matrix.report.attribution import (
 from pytest_rlkernel_matrix.report.perf_text import (
     compact,
     no_statement,
-    one_process_why,
     refusal_lines,
     refusals,
     remedy,
     report_note,
     report_reasons,
+    thin_why,
 )
 
 PHASES = COMPARED_PHASES  # rollout, training, weight sync, step
@@ -121,6 +121,18 @@ def _costs(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None
             if isinstance(wall, (int, float)) and wall > 0:
                 fixed.append(max(0.0, float(wall) - n * step))
     return (float(np.median(fixed)) if fixed else 10.0 * step, step)
+
+
+def _process_counts(record: Mapping[str, Any], requested: int) -> dict[str, int]:
+    """A cell's processes: asked, run, counted (their timings used) and refused."""
+    m = record.get("measured")
+    if isinstance(m, Mapping) and m.get("runs") is not None:
+        runs = list(m.get("runs") or [])
+        counted = sum(1 for r in runs if r.get("used"))
+        return {"requested": int(m.get("requested") or requested), "ran": len(runs),
+                "counted": counted, "refused": len(runs) - counted}
+    counted = 1 if record.get("performance_usable") else 0
+    return {"requested": requested, "ran": 1, "counted": counted, "refused": 1 - counted}
 
 
 def sentence(side: str, phase: str, kind: str, ratio: float | None, low: float | None,
@@ -190,6 +202,9 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                            for c in CELLS)
         entry.update(requested=int(declared.processes), auto=bool(declared.auto),
                      budget=float(declared.budget))
+        # per cell: processes asked, run, counted and refused (what a thin cell's reason names)
+        entry["processes"] = {c: _process_counts(cells[c], int(declared.processes))
+                              for c in CELLS}
         for phase in PHASES:
             groups = {c: process_steps(cells[c], phase) for c in CELLS}
             if not all(groups.values()):
@@ -222,8 +237,11 @@ def performance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 if refused:
                     s.update(kind=NOT_JUDGED, why=refused)
                 elif f.effects[side].se is None:
-                    s.update(kind=INCONCLUSIVE, why=one_process_why(
-                        int(declared.processes), bool(declared.auto), float(declared.budget)))
+                    counts = {c: {**entry["processes"][c], "counted": f.cells[c].n}
+                              for c in CELLS}
+                    s.update(kind=INCONCLUSIVE, why=thin_why(
+                        counts, int(declared.processes), bool(declared.auto),
+                        float(declared.budget)))
                 else:
                     answers.append((s, Answer((hardware, module, side, phase), f.effects[side]),
                                     f, costs))
@@ -294,6 +312,36 @@ def module_line(entry: Mapping[str, Any], margin: float, family: int,
     head = (f"{name} ({DIRECTION}; {level(confidence)} family-wise over {family} statements, "
             f"closed testing; equivalence ±{margin:.0%})")
     return head + ":\n" + "\n".join(f"  {s['text']}" for s in stmts if "text" in s) + tail
+
+
+def budget_stop(records: Sequence[Mapping[str, Any]], first: int, budget: float, used: float,
+                per_process: float) -> str:
+    """Why an auto session stopped inside stage one (the budget ran out before its `first`
+    processes per cell ran), with what it could resolve: the processes run per cell, how many
+    statements the processes that ran resolve (and why not, when none), the time stage one
+    needs at the measured cost of a process, and the budget that would hold it (issue 52: an
+    H100 session said only '285 s used, a process costs about 28 s')."""
+    from pytest_rlkernel_matrix.report.perf_text import split_why
+
+    order = {c: i for i, c in enumerate(CELLS)}
+    cells = sorted((r for r in records if r.get("case") in order),
+                   key=lambda r: (str(r.get("hardware")), str(r.get("module")),
+                                  order[str(r["case"])]))
+    ran = {f"{r.get('module')} {r['case']}" if len({x.get("module") for x in cells}) > 1
+           else str(r["case"]): int((r.get("measured") or {}).get("ran") or 1) for r in cells}
+    wanted = first * len(cells)
+    need = wanted * per_process
+    said = [s for m in performance(records)["modules"] for s in m["statements"]]
+    answered = [s for s in said if s.get("low") is not None]
+    whys = list(dict.fromkeys(split_why(str(s["why"]))[0] for s in said
+                              if s.get("low") is None and s.get("why")))
+    resolved = (f"{len(answered)} of {len(said)} statements resolved"
+                + (f" ({whys[0].split(' (')[0]})" if whys and not answered else ""))
+    return (f"the budget ({budget:g} min) did not hold stage 1 ({wanted} processes, {first} per "
+            f"cell, ~{per_process:.0f} s each: {need / 60:.1f} min): {sum(ran.values())} ran in "
+            f"{used:.0f} s (" + ", ".join(f"{k} {v}" for k, v in ran.items())
+            + f"); {resolved}; --rlk-perf-budget={max(1, math.ceil(need / 60))} would hold "
+            "stage 1")
 
 
 def said_by_module(perf: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:

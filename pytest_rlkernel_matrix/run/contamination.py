@@ -126,10 +126,31 @@ def descendants(table: Mapping[int, tuple[int, int, int]], root: int) -> set[int
 # -- GPU tool readers ------------------------------------------------------------------------------
 
 
+# The probes (nvidia-smi, rocm-smi) are children of the process that runs the cell, started
+# while the cell runs: without a marker of their own, the runner's clean-up after the cell's
+# main process exits (`run.procs.Family`, rule 3: a new child of the runner that carries no
+# cell's marker is the cell's orphan) took an in-flight probe for the cell's and SIGTERMed it,
+# and the measurement then read "nvidia-smi ... exited -15" (a process of an H100 session was
+# refused for it, issue 52). A probe carries this marker: no cell's, no session's prefix.
+PROBE_MARKER = "rlk-contamination-probe"
+
+
 def _run(argv: list[str]) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=_SMI_TIMEOUT, check=False)
+    from pytest_rlkernel_matrix.run.procs import MARKER_VAR
+
+    env = {**os.environ, MARKER_VAR: PROBE_MARKER}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=_SMI_TIMEOUT, check=False,
+                          env=env)
     if proc.returncode != 0:
-        raise OSError(f"{' '.join(argv[:2])} exited {proc.returncode}: "
+        code = str(proc.returncode)
+        if proc.returncode < 0:  # killed by a signal: say which, not only a negative code
+            import signal
+
+            try:
+                code += f" (killed by {signal.Signals(-proc.returncode).name})"
+            except ValueError:
+                code += " (killed by a signal)"
+        raise OSError(f"{' '.join(argv[:2])} exited {code}: "
                       f"{(proc.stderr or proc.stdout).strip()[:200]}")
     return proc.stdout
 
