@@ -269,8 +269,9 @@ TRITON_FLAG = ("uses Triton", "a triton_used / uses_triton flag passes only when
 # Every record the plugin refuses and RL-Kernel does not, with its documented reason (the README
 # and docs/en|zh/conformance.md carry the same classes).
 UPSTREAM_FALLBACK_KEYS = ("fallback", "fallback_used", "split_kv_fallback", "used_fallback")
-COMPOUND_FALLBACK = ("a fallback", "a key naming a fallback in a compound form (attention_fallback, "
-                     "usedFallback, fall_back, fallbacks, fallback_reason) is a fallback here "
+COMPOUND_FALLBACK = ("a fallback", "a key naming a fallback in a compound form "
+                     "(attention_fallback, usedFallback, fall_back, fallbacks, fallback_reason) "
+                     "is a fallback here "
                      "(issue 51: any key naming a fallback, one definition in "
                      "judge/read/fallback.py); upstream's _contains_fallback knows four keys")
 RECORDS_STRICTER = {
