@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_rlkernel_matrix.report.terminal import failed_run_log
 from pytest_rlkernel_matrix.spec.cells import Cell, expand, expand_factors
 
 SESSION_KEY = pytest.StashKey["MatrixSession"]()
@@ -183,11 +184,3 @@ def failure_text(rec: dict[str, Any], root: Path | None, note: str = "") -> str:
             lines.append(f"  run.log: {log}")
     return "\n".join(lines)
 
-
-def failed_run_log(root: Path, rec: dict[str, Any]) -> Path | None:
-    """The run.log of a cell that exited non-zero (or timed out), where one was written."""
-    ran_badly = rec.get("exit_code") not in (0, None) or rec.get("timed_out")
-    if not rec.get("artifact_dir") or not ran_badly:
-        return None
-    log = root / str(rec["artifact_dir"]) / "run.log"
-    return log if log.is_file() else None

@@ -58,24 +58,25 @@ def plan_text(ms: MatrixSession, cells: Sequence[Cell], mode: str) -> str:
     seen: set[str] = set()
     noted: set[tuple[str, ...]] = set()  # each hardware's run-time note once
     listed = {c.run_key for c in cells}
-    baselines = [b for b in (ms.factor_baseline(c) for c in cells if c.factor is not None)
+    planner = ms.planner  # the cells' plans (`session.plan`): pure values
+    baselines = [b for b in (planner.factor_baseline(c) for c in cells if c.factor is not None)
                  if b.run_key not in listed]
     for cell in [*cells, *baselines]:
         if cell.run_key in seen:
             continue
         seen.add(cell.run_key)
-        command = ms.command(cell)
+        command = planner.command(cell)
         names = [c.id for c in cells if c.run_key == cell.run_key] or [
             f"{cell.id} (baseline of factor cells, not selected itself)"]
-        run_dir = ms.run_dir(cell)
-        _, recorded = ms.environment(cell, mode, run_dir, base={})
+        run_dir = planner.run_dir(cell)
+        _, recorded = planner.environment(cell, mode, run_dir, base={})
         # Under Slurm this machine submits: its PYTHON_BIN is the one the jobs get.
         elsewhere = ms.plan_named and ms.matrix.runner.launcher == "local"
         later = at_run_time(ms, cell, recorded) if elsewhere else []
         owner = ms.canonical.get(cell.run_key, cell)
         job = CellJob(key=cell.run_key, label=f"{owner.hardware}/{run_dir.name}",
                       command=command if isinstance(command, str) else list(command),
-                      cwd=ms.command_cwd(), env=recorded, recorded=recorded,
+                      cwd=planner.command_cwd(), env=recorded, recorded=recorded,
                       run_dir=run_dir, timeout=ms.matrix.runner.timeout)
         out.append(f"# {', '.join(names)}  (mode {mode})")
         if (owner.hardware, *later) not in noted:

@@ -7,7 +7,6 @@ no torch, vllm or megatron; the matrix is only loaded when a matrix file is bein
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from pytest_rlkernel_matrix.spec.terms import LAYOUTS, MODES, plural
 
 if TYPE_CHECKING:
     from pytest_rlkernel_matrix.session import MatrixSession
-from pytest_rlkernel_matrix.collect import CellFailure, failed_run_log, failure_text
+from pytest_rlkernel_matrix.collect import CellFailure, failure_text
 
 PREFLIGHT_FILE = "preflight.json"
 
@@ -159,7 +158,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("rlk_repeat_baseline"):
         matrix = matrix.model_copy(update={
             "reproducibility": matrix.reproducibility.model_copy(update={"runs": 2})})
-    from pytest_rlkernel_matrix.extra_runs import performance_options
+    from pytest_rlkernel_matrix.session.scheduler import performance_options
 
     matrix = performance_options(matrix, config.getoption("rlk_processes"),
                                  config.getoption("rlk_perf_budget"))
@@ -190,7 +189,12 @@ def pytest_configure(config: pytest.Config) -> None:
             session.cpu_slot = Slot(index=int(slot["index"]), count=int(slot["count"]),
                                     worker=session.worker, cpus=tuple(slot["cpus"]))
         pre = session.root / PREFLIGHT_FILE
-        session.preflight = json.loads(pre.read_text()) if pre.exists() else {}
+        if pre.exists():  # the controller's, read through store (strict JSON, bounded)
+            from pytest_rlkernel_matrix.store.safeio import read_json
+
+            session.preflight = read_json(pre, session.root)
+        else:
+            session.preflight = {}
     else:
         from datetime import UTC, datetime
 
@@ -370,27 +374,6 @@ def matrix_nodeid(config: pytest.Config, path: Path) -> str:
     return rel.replace(os.sep, "/")
 
 
-def _performance_lines(ms: MatrixSession) -> list[str]:
-    """One line per module: the performance statements the written report holds."""
-    import json
-
-    from pytest_rlkernel_matrix.report.matrix_report import REPORT_FILE
-
-    try:
-        perf = json.loads((ms.root / REPORT_FILE).read_text(encoding="utf-8"))["performance"]
-    except (OSError, ValueError, KeyError, TypeError):
-        from pytest_rlkernel_matrix.report.perf import performance
-
-        perf = performance(list(ms.records.values()))
-    note = [str(perf["note"])] if perf.get("note") else []  # a reason all share, said once
-    from pytest_rlkernel_matrix.extra_runs import stop_reason
-
-    stop = perf.get("auto_stop") or ms.auto_stop or stop_reason(ms.root)
-    if stop:  # --rlk-processes=auto stopped early: why, with the figures (issue 52)
-        note.insert(0, f"performance: auto stopped early: {stop}")
-    return note + [str(m["line"]) for m in perf.get("modules") or [] if m.get("line")]
-
-
 class MatrixHooks:
     """Hooks active only in sessions that collect a matrix file (registered per session)."""
 
@@ -481,13 +464,11 @@ class MatrixHooks:
 
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
         """After this process's last item: the measured runs of the runs it started
-        (`[performance] processes`), interleaved round by round (`extra_runs`)."""
+        (`[performance] processes`), interleaved round by round (`session.scheduler`)."""
         ms = self.session
         ms.items_ran.add(item.nodeid)
         auto_worker = ms.matrix.performance.auto and self.is_worker
         if nextitem is None and (ms.ran or auto_worker) and not (ms.plan or ms.dry):
-            from pytest_rlkernel_matrix.extra_runs import run_measured
-
             ms.all_items = {i.nodeid for i in item.session.items}
 
             total = ms.matrix.performance.processes
@@ -506,7 +487,7 @@ class MatrixHooks:
                 say = _say
                 say(f"rlk: measured runs: processes 2-{total} of "
                     f"{plural(len(ms.ran), 'run')}, interleaved round by round")
-            run_measured(ms, say)
+            ms.run_measured(say)
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         verdict = getattr(report, "rlk_verdict", None)
@@ -532,63 +513,13 @@ class MatrixHooks:
         ms = self.session
         if ms.plan or self.is_worker or not ms.records:
             return
-        tr = terminalreporter
-        from pytest_rlkernel_matrix.report.matrix_report import (
-            counts_text,
-            problem_groups,
-            summarize,
-            table,
-            timing_counts,
-        )
+        from pytest_rlkernel_matrix.report.terminal import summary_lines
+        from pytest_rlkernel_matrix.session.scheduler import stop_reason
 
-        records = list(ms.records.values())
-
-        tr.section("rlk matrix")
-        for line in table(list(ms.records.values())):
-            tr.write_line(line)
-        tr.write_line(f"verdicts: {counts_text(summarize(records), timing_counts(records))}")
-        from pytest_rlkernel_matrix.report.claims import claim_lines
-
-        for line in claim_lines(ms.records.values()):
-            tr.write_line(line)
-        from pytest_rlkernel_matrix.report.debug_views import debugger_lines  # (issue 45)
-
-        for line in debugger_lines(records):
-            tr.write_line(line)
-        for recs, head, reasons in problem_groups(records):  # each reason once per group
-            tr.write_line(head)
-            for reason in reasons:
-                tr.write_line(f"    {reason}")
-            for log in dict.fromkeys(failed_run_log(ms.root, rec) for rec in recs):
-                if log is not None:
-                    tr.write_line(f"    run.log: {log}")
-        from pytest_rlkernel_matrix.report.attribution import attribute_factors
-        from pytest_rlkernel_matrix.report.perf import attribute_said
-
-        for entry in [*attribute_said(list(ms.records.values())),
-                      *attribute_factors(list(ms.records.values()))]:
-            tr.write_line(f"{entry['hardware']} {entry['conclusion']}")
-        for line in _performance_lines(ms):
-            tr.write_line(line)
-        for rec in sorted(ms.records.values(), key=lambda r: (r["hardware"], r["module"],
-                                                              r["case"])):
-            loc = rec.get("localisation")
-            if isinstance(loc, dict) and isinstance(loc.get("summary"), str):
-                tr.write_line(f"{rec['module']} {rec['case']}: {loc['summary']}")
-        from pytest_rlkernel_matrix.judge.localise.profile import terminal_lines
-
-        for line in terminal_lines(list(ms.records.values())):
-            tr.write_line(line)
-        from pytest_rlkernel_matrix.report.matrix_report import node_fingerprint_groups
-
-        for flag in node_fingerprint_groups(list(ms.records.values()))["flags"]:
-            tr.write_line(f"node fingerprints: {flag}")
-        from pytest_rlkernel_matrix.report.html import HTML_FILE
-
-        tr.write_line(f"matrix report: {ms.root / 'matrix-report.json'}")
-        tr.write_line(f"matrix report (HTML): {ms.root / HTML_FILE}")
-        for line in core.rerun_lines(ms):
-            tr.write_line(line)
+        terminalreporter.section("rlk matrix")
+        for line in summary_lines(list(ms.records.values()), ms.root,
+                                  ms.auto_stop or stop_reason(ms.root), core.rerun_lines(ms)):
+            terminalreporter.write_line(line)
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tears its workers down
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -628,9 +559,7 @@ class MatrixHooks:
                        and ms.selection.get("by") else "")
                     + f": nothing run, no matrix root written ({ms.root} removed)")
                 return
-            from pytest_rlkernel_matrix.extra_runs import refresh
-
-            refresh(ms)  # the measured runs ran after the items reported
+            ms.recorder.refresh()  # the measured runs ran after the items reported
             ms.write_report()
             if ms.selection is not None and ms.selection.get("rerun_of"):
                 core.write_latest(ms)
@@ -690,4 +619,4 @@ def rlk_preflight(request: pytest.FixtureRequest) -> dict[str, Any]:
 @pytest.fixture
 def rlk_artifact_dir(request: pytest.FixtureRequest, rlk_cell: Cell) -> Path:
     """The cell's run directory; cells naming the same run share it. Never overwritten."""
-    return request.config.stash[SESSION_KEY].run_dir(rlk_cell)
+    return request.config.stash[SESSION_KEY].planner.run_dir(rlk_cell)

@@ -3,7 +3,7 @@
 Imports are read with `ast` from every module of the package: at module level and inside
 functions, absolute and relative, `TYPE_CHECKING` blocks included for the circle check. The
 layers, bottom to top (docs/architecture.md):
-store < spec < machine < run < judge < report < the pytest face (top-level modules,
+store < spec < machine < run < judge < report < session < the pytest face (top-level modules,
 integrations/). `workload/` and `engines/` are the reference jobs, run in their own processes.
 """
 
@@ -18,7 +18,7 @@ import pytest_rlkernel_matrix
 
 PKG = "pytest_rlkernel_matrix"
 ROOT = Path(pytest_rlkernel_matrix.__file__).parent
-LAYERS = ("store", "spec", "machine", "run", "judge", "report")
+LAYERS = ("store", "spec", "machine", "run", "judge", "report", "session")
 MAX_TOP_LEVEL = 12
 MAX_LINES = 700
 
@@ -332,11 +332,11 @@ def test_the_open_scan_sees_opens() -> None:
     assert file_opens(f"{PKG}.run.rootlock") == []
 
 
-def test_report_run_and_cli_open_files_only_through_store() -> None:
+def test_report_run_session_and_the_pytest_face_open_files_only_through_store() -> None:
     wrong = []
     for module in sorted(MODULES):
         rest = module[len(PKG) + 1:]
-        if not (rest.startswith(("report.", "run.")) or rest == "cli"):
+        if not (rest.startswith(("report.", "run.", "session.")) or rest in ("cli", "plugin")):
             continue
         for name, line in file_opens(module):
             if (module, name) not in OPENS_OUTSIDE_A_ROOT:
@@ -347,3 +347,32 @@ def test_report_run_and_cli_open_files_only_through_store() -> None:
 def test_every_exception_to_the_store_rule_is_still_used() -> None:
     used = {(m, name) for m in MODULES for name, _ in file_opens(m)}
     assert set(OPENS_OUTSIDE_A_ROOT) <= used
+
+
+SESSION = f"{PKG}.session"
+# The session's pipeline, in the order a cell goes down it: each room imports only rooms before it.
+SESSION_ROOMS = ("plan", "runner", "recorder", "scheduler", "coordinator")
+
+
+def test_the_session_is_a_pipeline_that_imports_one_way() -> None:
+    """plan < runner < recorder < scheduler < coordinator: a room imports no room after it (the
+    scheduler sits beside the runner and never imports the coordinator); nothing of the
+    session imports the pytest face; the plan opens no file."""
+    assert sorted(p.stem for p in (ROOT / "session").glob("*.py")) == sorted(
+        ["__init__", *SESSION_ROOMS])
+    wrong = []
+    for room in SESSION_ROOMS:
+        for dep, typing_only in GRAPH[f"{SESSION}.{room}"]:
+            if dep.startswith(SESSION + "."):
+                if SESSION_ROOMS.index(dep.rsplit(".", 1)[1]) >= SESSION_ROOMS.index(room):
+                    wrong.append(f"{room} -> {dep}")
+            elif dep.count(".") >= 1 and dep.split(".")[1] not in LAYERS and not typing_only:
+                wrong.append(f"{room} -> {dep}")
+    assert wrong == []
+    assert file_opens(f"{SESSION}.plan") == []
+    assert not any(d.startswith(f"{PKG}.store") for d, _ in GRAPH[f"{SESSION}.plan"])
+
+
+def test_the_coordinator_is_thin() -> None:
+    lines = (ROOT / "session" / "coordinator.py").read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 250

@@ -443,14 +443,14 @@ def test_auto_processes_run_a_first_stage_and_find_the_planted_slowdown(
 
 
 def test_auto_target_follows_the_plan_within_the_budget() -> None:
-    from pytest_rlkernel_matrix.extra_runs import auto_target
+    from pytest_rlkernel_matrix.session.scheduler import auto_target
 
     records = _module("ffn", 1.0)
     target, said = auto_target(records, 3, round_s=10.0, left_s=1e6)
     assert len(said) == 6 and target >= 3
     # what the statements ask for is what stage two runs when it fits in the budget; a plan
     # that does not fit stops the session after stage one (auto_plan says why)
-    from pytest_rlkernel_matrix.extra_runs import auto_plan
+    from pytest_rlkernel_matrix.session.scheduler import auto_plan
 
     assert auto_target(records, 3, round_s=10.0, left_s=25.0)[0] in (3, 4, 5)
     assert auto_target(records, 3, round_s=10.0, left_s=0.0)[0] == 3
@@ -460,7 +460,7 @@ def test_auto_target_follows_the_plan_within_the_budget() -> None:
 
 
 def test_processes_option_takes_a_number_or_auto(tmp_path: Path) -> None:
-    from pytest_rlkernel_matrix.extra_runs import performance_options
+    from pytest_rlkernel_matrix.session.scheduler import performance_options
 
     path = tmp_path / "matrix.toml"
     path.write_text('[matrix]\nname = "t"\n[runner]\ncommand = "true"\n'

@@ -17,7 +17,7 @@ class Policy:
 
     min_steps: int = 5
     processes: int = 1
-    auto: bool = False  # --rlk-processes=auto (extra_runs.py)
+    auto: bool = False  # --rlk-processes=auto (session/scheduler.py)
     budget: float = 10.0  # minutes of measured runs an auto session may take
     min_processes: int = 2
     confidence: float = 0.95

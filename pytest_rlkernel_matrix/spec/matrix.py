@@ -391,7 +391,7 @@ class PerformanceSection(_Strict):
     auto: bool = Field(default=False, description="choose the processes per cell: a first "
                        "stage of `processes` (at least 3) measures the variance, then rounds "
                        "are added until every statement would resolve or `budget` is spent "
-                       "(--rlk-processes=auto; extra_runs.py)")
+                       "(--rlk-processes=auto; session/scheduler.py)")
     budget: float = Field(default=10.0, gt=0, le=24 * 60, description="minutes the measured "
                           "processes of an auto session may take (--rlk-perf-budget)")
     min_processes: int = Field(default=2, description="processes each cell needs before its "

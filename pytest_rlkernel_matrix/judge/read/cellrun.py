@@ -58,7 +58,7 @@ Name = Annotated[str, AfterValidator(_unpadded)]
 
 class RecordedPolicy(BaseModel):
     """How the matrix file said to judge the cell (`session.policy`, plus ``repeat_dir`` that
-    `extra_runs` adds). ``extra="forbid"``: see the module's docstring."""
+    `session.scheduler` adds). ``extra="forbid"``: see the module's docstring."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
