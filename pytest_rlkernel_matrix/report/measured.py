@@ -129,7 +129,7 @@ def duplicate_reason(mine: Mapping[str, Any],
 def identity_reason(record: Mapping[str, Any], run_dir: Path, k: int) -> str | None:
     """Why `run_dir` is not provably process `k` of `record`'s run (None: it is). Its
     `cell-run.json` must name the role (`RLK_MATRIX_RUN_ROLE=measured`), the process index
-    (`RLK_MATRIX_PROCESS=k`) and the run id `<correctness run id>.p<k>` that `session/scheduler.py` gives
+    (`RLK_MATRIX_PROCESS=k`) and the run id `<correctness run id>.p<k>` that the scheduler gives
     it; a missing fact is named, never assumed."""
     from pytest_rlkernel_matrix.judge.read.cellrun import validated
     from pytest_rlkernel_matrix.store.safeio import Refused, read_json
@@ -274,7 +274,7 @@ def _contamination(record: Mapping[str, Any]) -> dict[str, Any] | None:
     return {k: m.get(k) for k in ("foreign_cpu_share", "load1_mean", "owned", "devices")}
 
 
-AUTO_DIR = ".auto"  # --rlk-processes=auto's shared files under the matrix root (session/scheduler.py)
+AUTO_DIR = ".auto"  # --rlk-processes=auto's shared files under the matrix root (scheduler)
 
 
 def auto_stop(root: Path) -> str | None:
