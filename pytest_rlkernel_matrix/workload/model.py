@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .kernels import SideKernels
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
 from pytest_rlkernel_matrix.workload.weights import AttnInputs, KVCache, LayerWeights
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .weights import Tiling
+from pytest_rlkernel_matrix.workload.weights import Tiling
 
 
 def r_core_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, tiling: Tiling) -> Tensor:

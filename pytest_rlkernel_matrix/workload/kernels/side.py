@@ -42,19 +42,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import native, p_logp
-from .identity import R_BACKEND_IDS as R_BACKEND_IDS  # (also read here: env, machine)
-from .identity import R_CONTRACT_VERSION as R_CONTRACT_VERSION
-from .parallel import Group, fixed_order_sum
-from .r_attention import r_core_attention as r_core_attention  # (re-exported)
-from .sampling import FAST_PATHS
-from .weights import AttnInputs, LayerWeights
-from .weights import Tiling as Tiling  # (re-exported: its home is weights.py)
+from pytest_rlkernel_matrix.workload.kernels.p import native, p_logp
+from pytest_rlkernel_matrix.workload.kernels.p.native import FAST_PATHS
+from pytest_rlkernel_matrix.workload.kernels.r.identity import (
+    R_BACKEND_IDS as R_BACKEND_IDS,  # (also read here: env, machine)
+)
+from pytest_rlkernel_matrix.workload.kernels.r.identity import (
+    R_CONTRACT_VERSION as R_CONTRACT_VERSION,
+)
+from pytest_rlkernel_matrix.workload.kernels.r.r_attention import (
+    r_core_attention as r_core_attention,  # (re-exported)
+)
+from pytest_rlkernel_matrix.workload.parallel import Group, fixed_order_sum
+from pytest_rlkernel_matrix.workload.weights import AttnInputs, LayerWeights
+from pytest_rlkernel_matrix.workload.weights import (
+    Tiling as Tiling,  # (re-exported: its home is weights.py)
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from .autograd import Ops
+    from pytest_rlkernel_matrix.workload.kernels.r.autograd import Ops
 
 MODULES = ("attention", "ffn", "logp")
 # `comm` (the row-parallel activation all-reduce) is an optional fourth module: the seed's matrix
@@ -73,7 +81,7 @@ def runtime_platform(device: torch.device) -> str:
 
 def _tk() -> Ops:
     """``triton_kernels`` with a backward (``autograd.Ops``), imported on first GPU use."""
-    from .autograd import triton_ops
+    from pytest_rlkernel_matrix.workload.kernels.r.autograd import triton_ops
 
     return triton_ops()
 
