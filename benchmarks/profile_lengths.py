@@ -98,7 +98,7 @@ def attention_work(lengths: list[int]) -> None:
         count[0] += 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
         return bmm(a, b)
 
-    print(f"torch R attention (kernels.py at {kernels.__file__}), tiny heads: MFLOP per sequence")
+    print(f"torch R attention ({kernels.__file__}), tiny heads: MFLOP per sequence")
     print("| new tokens | max_seq | training: R / causal | decode: R / causal |")
     print("| --- | --- | --- | --- |")
     torch.bmm = counting  # type: ignore[assignment]

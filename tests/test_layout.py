@@ -375,8 +375,11 @@ def test_the_workload_is_laid_out_like_the_matrix() -> None:
         doc = ast.get_docstring(ast.parse((ROOT / "workload" / room / "__init__.py").read_text()))
         assert doc is not None and "May import" in doc, room
     # each module's P and R side by side: one dispatch, P's and R's backends in one folder each
-    assert {p.name for p in (ROOT / "workload" / "kernels").iterdir() if p.is_dir()
-            and p.name != "__pycache__"} == {"p", "r"}
+    kernels = ROOT / "workload" / "kernels"
+    assert {p.name for p in kernels.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "p", "r"}
+    assert {p.stem for p in kernels.glob("*.py")} == {
+        "__init__", "base", "side", "attention", "ffn", "logp", "comm"}
     for backend in ("p", "r"):
         doc = ast.get_docstring(ast.parse(
             (ROOT / "workload" / "kernels" / backend / "__init__.py").read_text()))

@@ -27,7 +27,7 @@ from torch import Tensor
 from triton_env import CUDA, DEV, DT, HAS_TRITON, INTERPRET, needs_kernels
 
 from pytest_rlkernel_matrix.workload import env as wenv
-from pytest_rlkernel_matrix.workload.kernels import side as kn
+from pytest_rlkernel_matrix.workload.kernels import base as kn
 from pytest_rlkernel_matrix.workload.kernels.r import autograd as ag
 from pytest_rlkernel_matrix.workload.training import rl
 

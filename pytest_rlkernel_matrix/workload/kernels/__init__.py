@@ -1,7 +1,8 @@
-"""The kernels of the matrix's modules (attention, ffn, logp, and comm under TP): per module its
-P (production/native) and R (RL-Kernel aligned) implementations, chosen per side by ``SideKernels``.
+"""The kernels of the matrix's modules, each module's P and R side by side: ``attention.py``,
+``ffn.py``, ``logp.py`` (and ``comm.py`` under TP) hold both sides of one module, dispatching to
+P's backends (``p/``) and R's (``r/``); ``base.py`` holds what they share (``ModuleKernel``, the R
+primitives, ``r_backend``) and ``side.py`` one side's kernels (``SideKernels``).
 
-Owns ``side.py`` (the per-module dispatch), ``p/`` (P's backends) and ``r/`` (R's backends).
 May import ``workload.weights`` and ``workload.parallel`` only: never the model, rollout,
 training, evidence or the job (tests/test_layout.py).
 """
