@@ -1,7 +1,8 @@
 """The slow drill's true effect on the rollout phase, measured directly (issue 52). Not a test.
 
 `RLK_REF_FAULT=slow:ffn:rollout:F` runs ffn's rollout-side kernels F times per call
-(`workload/profiling.py`); ffn is only part of the rollout phase, so the phase's true ratio is
+(`workload/evidence/profiling.py`); ffn is only part of the rollout phase, so the phase's true
+ratio is
 ``1 + (F - 1) * (ffn's share of the rollout phase)``, well below F. This script measures it:
 the reference workload (preset tiny, CPU, the all-R cell: ffn R on the rollout side) run as
 separate processes, interleaved factor by factor (round 1: every factor once, then round 2...),

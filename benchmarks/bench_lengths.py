@@ -4,7 +4,8 @@ For each length (new tokens) the reference workload runs as a subprocess per sid
 module R/R) and all-P (every module P/P), ``--rounds`` times interleaved (R, P, R, P, ...: one
 process each), ``--steps`` steps per process with the first excluded, the prompt count and the
 micro-batch of each length as the issue's table has them (``--micro-batch-size`` left to the
-job: ``workload/budget.py`` chooses it by tokens and memory; ``--mb`` forces one). It prints the
+job: ``workload/training/budget.py`` chooses it by tokens and memory; ``--mb`` forces one). It
+prints the
 issue's table: the all-R / all-P step, rollout (and both sides' rollout tokens/s) and training
 ratios (medians over every measured step of every process; in brackets the smallest and largest
 ratio of one process's median over another's), each side's peak memory, and the R/R

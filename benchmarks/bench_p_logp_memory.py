@@ -3,7 +3,8 @@
 Runs forward + backward of the selected-token log-probability of ``--rows`` tokens over a
 ``--vocab``-wide LM head (bf16, hidden ``--hidden``), once as P did before issue 46 (the full
 ``[rows, vocab]`` logits and ``native.megatron_log_softmax`` under autograd) and once through
-``workload/p_logp.py`` (chunks of ``--chunk`` rows), and prints each one's peak of live tensor
+``workload/kernels/p/p_logp.py`` (chunks of ``--chunk`` rows), and prints each one's peak of live
+tensor
 memory above the inputs and the ratio, side by side. The peak is torch's own accounting: on CUDA
 ``torch.cuda.max_memory_allocated``; on CPU the allocation and free events of
 ``torch.profiler`` (``profile_memory=True``), summed in order. Also checks that the selected
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pytest_rlkernel_matrix.workload import native, p_logp
+from pytest_rlkernel_matrix.workload.kernels.p import native, p_logp
 
 
 def unchunked(hn: torch.Tensor, w: torch.Tensor, t: torch.Tensor, temp: float) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from pytest_rlkernel_matrix.workload import triton_kernels as tk
+from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels as tk
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024),
           "down": (1024, 3072), "lm_head": (151936, 1024)}

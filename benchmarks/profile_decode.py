@@ -20,10 +20,10 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pytest_rlkernel_matrix.workload import sampling
-from pytest_rlkernel_matrix.workload.graphs import DecodeRunner
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling, r_backend
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+from pytest_rlkernel_matrix.workload.rollout import sampling
+from pytest_rlkernel_matrix.workload.rollout.graphs import DecodeRunner
 
 
 def timed(fn: Callable[[], object], iters: int) -> float:
@@ -56,7 +56,8 @@ SWEEP = ((32, 4, 1, 1), (32, 4, 2, 1), (64, 4, 1, 1), (64, 4, 2, 1), (64, 8, 2, 
 
 def attention_routes(q, kc, vc, pos) -> dict[str, Callable[[], torch.Tensor]]:
     """Flash varlen, R's Triton kernel and P's Triton grouped decode per configuration."""
-    from pytest_rlkernel_matrix.workload import native, triton_decode, triton_kernels
+    from pytest_rlkernel_matrix.workload.kernels.p import native, triton_decode
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels
 
     routes: dict[str, Callable[[], torch.Tensor]] = {
         "flash varlen": lambda: native.flash_decode(q, kc, vc, pos),

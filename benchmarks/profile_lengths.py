@@ -29,10 +29,10 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from pytest_rlkernel_matrix.workload import budget, rl
 from pytest_rlkernel_matrix.workload.job import run_rollout, run_training
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling, r_backend
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+from pytest_rlkernel_matrix.workload.training import budget, rl
 
 SIDES = {"R": "rl_kernel", "P": "production"}
 ATTN_OPS = ("aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -87,7 +87,7 @@ def one(side: str, preset: str, new: int, prompts: int, dev: torch.device) -> di
 
 
 def attention_work(lengths: list[int]) -> None:
-    from pytest_rlkernel_matrix.workload import kernels
+    from pytest_rlkernel_matrix.workload.kernels import side as kernels
 
     cfg = PRESETS["tiny"]
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -98,7 +98,7 @@ def attention_work(lengths: list[int]) -> None:
         count[0] += 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
         return bmm(a, b)
 
-    print(f"torch R attention (kernels.py at {kernels.__file__}), tiny heads: MFLOP per sequence")
+    print(f"torch R attention ({kernels.__file__}), tiny heads: MFLOP per sequence")
     print("| new tokens | max_seq | training: R / causal | decode: R / causal |")
     print("| --- | --- | --- | --- |")
     torch.bmm = counting  # type: ignore[assignment]

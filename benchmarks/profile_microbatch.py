@@ -39,11 +39,11 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from pytest_rlkernel_matrix.workload import rl
-from pytest_rlkernel_matrix.workload.artifacts import Rollout
+from pytest_rlkernel_matrix.workload.evidence.artifacts import Rollout
 from pytest_rlkernel_matrix.workload.job import run_training
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling, r_backend
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+from pytest_rlkernel_matrix.workload.training import rl
 
 SIDES = {"R": "rl_kernel", "P": "production"}
 DEFAULT_SIZES = "160:4,8,16,24,32,36,40,44,48,64;1024:1,2,4,6,8,10,12;4096:1,2,3"
@@ -153,11 +153,11 @@ def main() -> int:
                     help="probe: R's weight gradients as before issue 55 (unpadded tokens axis)")
     args = ap.parse_args()
     if args.unpadded_dw:
-        from pytest_rlkernel_matrix.workload import triton_backward
+        from pytest_rlkernel_matrix.workload.kernels.r import triton_backward
 
         triton_backward.tokens_last = lambda x, unit: x.t().contiguous()
     if args.r_chunk:
-        from pytest_rlkernel_matrix.workload import triton_kernels
+        from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels
 
         triton_kernels._ROW_CHUNK = args.r_chunk
     if args.no_fill:

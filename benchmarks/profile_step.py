@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from pytest_rlkernel_matrix.workload.job import run_rollout, run_training
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling, r_backend
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 
 

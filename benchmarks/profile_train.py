@@ -31,10 +31,10 @@ from torch import Tensor
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from pytest_rlkernel_matrix.workload import rl
 from pytest_rlkernel_matrix.workload.env import BACKWARD_ENV, backward_mode
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling, r_backend
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+from pytest_rlkernel_matrix.workload.training import rl
 from pytest_rlkernel_matrix.workload.weights import AttnInputs
 
 

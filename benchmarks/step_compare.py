@@ -12,12 +12,13 @@ mismatch count over the active tokens, and the rollout's readback ``execution_mo
 
 Configurations: ``R`` (all modules R/R), ``P`` (all P/P), ``P-eager`` (all P/P with the decode
 graphs off: the pre-graph P rollout), ``P-native`` (P's decode as vLLM runs it: the native
-math of ``workload/native.py`` compiled by Inductor, ``P-compile``, and the decode attention
+math of ``workload/kernels/p/native.py`` compiled by Inductor, ``P-compile``, and the decode
+attention
 over the keys in use, ``P-span``; each alone too), ``R-eager`` (R/R, graphs off), ``P-unfused`` and
 ``R-sort`` (``RLK_REF_FAST=0``: the sort-based top-p sampler and P's earlier unfused CUDA
 paths), ``R-tiledbwd`` (``RLK_REF_R_BACKWARD=tiled``: R's loss forward and backward on the tiled
 torch R path, the earlier method; ``R`` runs the loss on the Triton forward with the per-op
-backward kernels of ``workload/triton_backward.py``), ``R-recompute``
+backward kernels of ``workload/kernels/r/triton_backward.py``), ``R-recompute``
 (``RLK_REF_R_BACKWARD=recompute``: the per-op native torch recompute backward, the method
 before). ``--rounds N`` runs the configurations N times interleaved (R, P, R, P, ...: one
 process each) and reports the medians over every process's measured steps, each process's own

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling, r_backend
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling, r_backend
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 from pytest_rlkernel_matrix.workload.weights import AttnInputs
 
@@ -83,7 +83,7 @@ KERNEL_CASES = [f"matmul.{name}.m{m}" for m in (6144, 448) for name in MM_SHAPES
 
 
 def _kernel_call(case: str, impl: str) -> tuple[Callable[[], object], float]:
-    from pytest_rlkernel_matrix.workload import triton_kernels as tk
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels as tk
 
     gen = torch.Generator().manual_seed(0)
     if case.startswith("matmul"):

@@ -1,4 +1,4 @@
-# Sourced by the scripts/h200_*.sh device calls: $OUT, the environment the plugin and the
+# Sourced by the scripts/gpu-*.sh device calls: $OUT, the environment the plugin and the
 # reference workload need on the GPU image, and pydantic from carried wheels (.whl, absent from
 # that image; docs/examples/README.md says how they are fetched).
 OUT=${OUT:-/tmp/rlk-out}

@@ -70,7 +70,7 @@ def test_qkv_layout_is_grouped_per_query_group() -> None:
 def test_probe_operator_names_map_onto_both_engines_modules() -> None:
     """Every probe operator (HF Qwen3 path) has a vLLM and a Megatron-core module; the fused
     QKV output un-interleaves to HF's q/k/v outputs exactly, and back."""
-    from pytest_rlkernel_matrix.workload.probe import operator_names
+    from pytest_rlkernel_matrix.workload.evidence.probe import operator_names
 
     for op in operator_names(2):
         for engine in ("vllm", "megatron"):
@@ -148,7 +148,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _trainer(checkpoint: Path, impls: dict[str, str]) -> tuple[object, object, dict]:
     from pytest_rlkernel_matrix.engines.megatron_side import MegatronTrainer
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import load_checkpoint
 
     cfg = json.loads((checkpoint / "config.json").read_text())
@@ -163,7 +163,7 @@ def test_megatron_hooks_count_calls_and_r_matches_the_builtin_r_path(
         checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_rlkernel_matrix.workload.env import Env, resolve_route
     from pytest_rlkernel_matrix.workload.job import Rollout, readback, run_training
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import Qwen3, load_checkpoint, weights_sha256
 
     gen = torch.Generator().manual_seed(3)
@@ -250,10 +250,9 @@ def test_engines_writers_leave_rl_kernels_forms_and_a_valid_cell(
 
     from pytest_rlkernel_matrix.engines import job as ej
     from pytest_rlkernel_matrix.report.record import analyze_run
-    from pytest_rlkernel_matrix.workload.artifacts import Rollout, emit_step
     from pytest_rlkernel_matrix.workload.env import Env, resolve_route
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
-    from pytest_rlkernel_matrix.workload.upstream import (
+    from pytest_rlkernel_matrix.workload.evidence.artifacts import Rollout, emit_step
+    from pytest_rlkernel_matrix.workload.evidence.upstream import (
         manifest_fields,
         readback,
         route_lines,
@@ -261,6 +260,7 @@ def test_engines_writers_leave_rl_kernels_forms_and_a_valid_cell(
         write_readbacks,
         write_weight_audits,
     )
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
 
     sides = ("training", "rollout")
     kit = CellKit(tmp_path, module="logp", case="P/R")  # training logp: native Megatron
@@ -563,7 +563,7 @@ def test_engines_rlk_probe_localises_attention_pr_in_layer0_training(
 def test_engines_operator_module_is_the_judges() -> None:
     from pytest_rlkernel_matrix.engines.probe import operator_module
     from pytest_rlkernel_matrix.judge.localise.probe import operator_module as judged
-    from pytest_rlkernel_matrix.workload.probe import operator_names
+    from pytest_rlkernel_matrix.workload.evidence.probe import operator_names
 
     for op in [*operator_names(3), "log_softmax"]:
         assert operator_module(op) == judged(op), op

@@ -116,7 +116,7 @@ def test_the_import_graph_is_read() -> None:
     # a sanity check of the reader itself: known edges, module level and inside functions
     assert ("pytest_rlkernel_matrix.judge.read.evidence", False) in GRAPH[f"{PKG}.report.record"]
     assert any(d == f"{PKG}.session" for d, _ in GRAPH[f"{PKG}.plugin"])  # inside a function
-    assert (f"{PKG}.workload.weights", False) in GRAPH[f"{PKG}.workload.kernels"]  # relative
+    assert (f"{PKG}.workload.weights", False) in GRAPH[f"{PKG}.workload.kernels.side"]
 
 
 def test_no_import_circle() -> None:
@@ -376,3 +376,78 @@ def test_the_session_is_a_pipeline_that_imports_one_way() -> None:
 def test_the_coordinator_is_thin() -> None:
     lines = (ROOT / "session" / "coordinator.py").read_text(encoding="utf-8").splitlines()
     assert len(lines) < 250
+
+
+# Issue 54: the reference workload is laid out like the matrix it serves. Its rooms, and what each
+# may import of the workload (docs/architecture.md, "The reference workload"): the kernels sit at
+# the bottom (each module's P and R side by side), rollout and training beside each other above
+# them, the evidence writers above those, and the job on top.
+WL = f"{PKG}.workload"
+WORKLOAD_ROOMS = ("kernels", "rollout", "training", "evidence")
+WORKLOAD_MAY_IMPORT = {
+    "kernels": ("kernels", "weights", "parallel"),
+    "rollout": ("kernels", "rollout", "model", "weights", "env", "parallel"),
+    "training": ("kernels", "training", "model", "weights", "env", "parallel"),
+    "evidence": ("kernels", "evidence", "env", "parallel", "weights"),
+}
+
+
+def _room(module: str) -> str | None:
+    """The workload room a module lives in (`kernels`, `rollout`...), its top-level module's name
+    (`job`, `model`...), or None outside the workload."""
+    if not module.startswith(WL + "."):
+        return None
+    return module[len(WL) + 1:].split(".")[0]
+
+
+def test_the_workload_is_laid_out_like_the_matrix() -> None:
+    for room in WORKLOAD_ROOMS:
+        doc = ast.get_docstring(ast.parse((ROOT / "workload" / room / "__init__.py").read_text()))
+        assert doc is not None and "May import" in doc, room
+    # each module's P and R side by side: one dispatch, P's and R's backends in one folder each
+    kernels = ROOT / "workload" / "kernels"
+    assert {p.name for p in kernels.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "p", "r"}
+    assert {p.stem for p in kernels.glob("*.py")} == {
+        "__init__", "base", "side", "attention", "ffn", "logp", "comm"}
+    for backend in ("p", "r"):
+        doc = ast.get_docstring(ast.parse(
+            (ROOT / "workload" / "kernels" / backend / "__init__.py").read_text()))
+        assert doc is not None and "May import" in doc, backend
+    top = sorted(p.name for p in (ROOT / "workload").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "env.py", "factors.py", "job.py", "model.py",
+                   "parallel.py", "weights.py"]
+
+
+def test_workload_imports_run_one_way() -> None:
+    """kernels import no model, rollout, training, evidence or job; rollout and training never
+    import each other; evidence writers import no kernel backend (`kernels.p`, `kernels.r`
+    except the R kernels' declared identity); nothing below the job imports it."""
+    wrong = []
+    for module, deps in GRAPH.items():
+        room = _room(module)
+        if room is None:
+            continue
+        for dep, typing_only in deps:
+            dep_room = _room(dep)
+            if dep_room is None or dep_room == room or typing_only:
+                continue
+            if room in WORKLOAD_MAY_IMPORT and dep_room not in WORKLOAD_MAY_IMPORT[room]:
+                wrong.append(f"{module} -> {dep}")
+            if dep_room == "job" and room != "__main__":
+                wrong.append(f"{module} -> {dep}")
+            if room == "evidence" and dep.startswith((f"{WL}.kernels.p", f"{WL}.kernels.r")) \
+                    and dep != f"{WL}.kernels.r.identity":
+                wrong.append(f"{module} -> {dep}")
+        if module.startswith(f"{WL}.kernels.p"):  # P's backends stand alone
+            wrong += [f"{module} -> {d}" for d, _ in deps
+                      if d.startswith(WL) and not d.startswith(f"{WL}.kernels.p")]
+    assert wrong == []
+
+
+def test_the_workload_layout_check_sees_a_wrong_import() -> None:
+    # a sanity check of the rule's reader: known edges of each room are in the graph
+    assert (f"{WL}.kernels.p.native", False) in GRAPH[f"{WL}.rollout.sampling"]
+    assert (f"{WL}.kernels.side", False) in GRAPH[f"{WL}.evidence.artifacts"]
+    assert (f"{WL}.model", False) in GRAPH[f"{WL}.training.budget"]
+    assert _room(f"{WL}.kernels.r.autograd") == "kernels" and _room(f"{PKG}.run.procs") is None

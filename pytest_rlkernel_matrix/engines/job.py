@@ -1,7 +1,8 @@
 """One matrix cell on the real engines: vLLM rollout, Megatron-core training forward.
 
 Same environment contract and artifacts as the built-in workload (``workload/job.py``), written
-through the same functions (``workload/upstream.py``, ``workload/artifacts.py``): ``manifest.json``
+through the same functions (``workload/evidence/upstream.py``, ``workload/evidence/artifacts.py``):
+``manifest.json``
 (with RL-Kernel's run-manifest fields), readbacks per side (a hook and a record for every module
 the side runs, production included; native Megatron logp has neither, only vime's log marker),
 route lines, one mismatch sidecar per step, RL-Kernel's weight audit (``weight-audit/0.json``
@@ -30,18 +31,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_rlkernel_matrix.workload.artifacts import Rollout, emit_step, write_json, write_probes
 from pytest_rlkernel_matrix.workload.env import SIDES, Env, UsageError, resolve_route
-from pytest_rlkernel_matrix.workload.job import EXIT_USAGE
-from pytest_rlkernel_matrix.workload.kernels import MODULES, SideKernels, Tiling
-from pytest_rlkernel_matrix.workload.parallel import Grid, Group
-from pytest_rlkernel_matrix.workload.probe import PERTURB_FACTOR, ProbeRequest
-from pytest_rlkernel_matrix.workload.upstream import (
+from pytest_rlkernel_matrix.workload.evidence.artifacts import (
+    Rollout,
+    emit_step,
+    write_json,
+    write_probes,
+)
+from pytest_rlkernel_matrix.workload.evidence.probe import PERTURB_FACTOR, ProbeRequest
+from pytest_rlkernel_matrix.workload.evidence.upstream import (
     manifest_fields,
     route_lines,
     write_readbacks,
     write_weight_audits,
 )
+from pytest_rlkernel_matrix.workload.job import EXIT_USAGE
+from pytest_rlkernel_matrix.workload.kernels.side import MODULES, SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.parallel import Grid, Group
 
 from . import checkpoint as ckpt_mod
 from . import probe as probe_mod

@@ -169,7 +169,8 @@ def as_checkpoint_dtype(weights: dict[str, Tensor], dtype: torch.dtype) -> dict[
 
 # -- probe operators (issue 21): Hugging Face Qwen3 module paths <-> the engines' modules ------
 #
-# Each probe operator is named by its HF module path (``workload/probe.py``, ``LAYER_OPS``). On a
+# Each probe operator is named by its HF module path (``workload/evidence/probe.py``,
+# ``LAYER_OPS``). On a
 # P path it is read from the engine's own module, at the path below (per layer, relative to
 # ``model.layers.{i}.`` in vLLM and ``decoder.layers.{i}.`` in Megatron-core), as:
 #   "out": the module's output (``[0]`` of an ``(output, bias)`` or ``(normed, residual)`` pair);

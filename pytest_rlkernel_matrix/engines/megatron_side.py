@@ -2,7 +2,7 @@
 
 P = Megatron-core's own modules (``SelfAttention`` with ``DotProductAttention``, ``MLP``,
 ``WrappedTorchNorm`` RMSNorm, its RoPE, and ``GPTModel``'s output layer + cross-entropy for the
-selected logprobs). R = the project's R kernels (``workload/kernels.py``) plugged in as the
+selected logprobs). R = the project's R kernels (``workload/kernels/side.py``) plugged in as the
 layer spec's ``self_attention`` / ``mlp`` submodules (with ``IdentityOp`` for the norm before
 them, since the R modules include their norm), and, for logp, a head after a ``GPTModel`` built
 with ``post_process=False``. Each hook counts its own calls into the readback.
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pytest_rlkernel_matrix.workload.kernels import SideKernels
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
 from pytest_rlkernel_matrix.workload.weights import AttnInputs, LayerWeights
 
 from .mapping import ATTN_LEAVES, FFN_LEAVES, Shape, hf_to_megatron, megatron_to_hf

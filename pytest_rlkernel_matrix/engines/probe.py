@@ -1,6 +1,6 @@
 """Probes and the perturbation drill in the engines job (issue 21).
 
-The request, the tap and the files are the reference workload's (``workload/probe.py``:
+The request, the tap and the files are the reference workload's (``workload/evidence/probe.py``:
 ``ProbeRequest`` reads ``RL_KERNEL_PROBE``, ``RL_KERNEL_PROBE_DIR``, ``RL_KERNEL_PROBE_TOKENS``,
 ``RL_KERNEL_PROBE_POSITIONS`` and ``RLK_REF_PERTURB``; ``Tap`` records and perturbs;
 ``workload/artifacts.write_probes`` writes ``<side>.rank00000.pt`` and ``index.json``). What this
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pytest_rlkernel_matrix.workload.kernels import SideKernels
-from pytest_rlkernel_matrix.workload.probe import Tap, operator_names
+from pytest_rlkernel_matrix.workload.evidence.probe import Tap, operator_names
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
 
 from .mapping import Shape, engine_module, fuse_qkv_out, split_qkv_out
 

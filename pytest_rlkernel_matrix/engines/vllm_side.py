@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pytest_rlkernel_matrix.workload.kernels import MODULES, SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.kernels.side import MODULES, SideKernels, Tiling
 from pytest_rlkernel_matrix.workload.weights import AttnInputs, KVCache, LayerWeights
 
 from .megatron_side import rope_tables

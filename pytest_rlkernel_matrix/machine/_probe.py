@@ -421,11 +421,11 @@ def _gemm(torch: Any, gpu: bool) -> dict[str, Any]:
 
 
 def _load_workload_kernels() -> Any:
-    """This probe's own ``pytest_rlkernel_matrix.workload.kernels`` (same checkout)."""
+    """This probe's own ``pytest_rlkernel_matrix.workload.kernels.side`` (same checkout)."""
     root = str(Path(__file__).resolve().parents[1])
     sys.path.insert(0, root)
     try:
-        return importlib.import_module("pytest_rlkernel_matrix.workload.kernels")
+        return importlib.import_module("pytest_rlkernel_matrix.workload.kernels.side")
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(root)

@@ -2,6 +2,6 @@
 
 import sys
 
-from .job import main
+from pytest_rlkernel_matrix.workload.job import main
 
 sys.exit(main())

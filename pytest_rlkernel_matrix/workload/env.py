@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_rlkernel_matrix.workload.kernels import (
+from pytest_rlkernel_matrix.workload.kernels.side import (
     ALL_MODULES,
     MODULES,
     R_BACKEND_IDS,

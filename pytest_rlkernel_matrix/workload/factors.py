@@ -32,14 +32,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pytest_rlkernel_matrix.workload import replay_cases
 from pytest_rlkernel_matrix.workload.env import (
     FACTOR_SAMPLING,
     FACTOR_WEIGHT_SYNC,
     UsageError,
     factor_env,
 )
-from pytest_rlkernel_matrix.workload.sampling import FIXED_POINT, _fixed
+from pytest_rlkernel_matrix.workload.rollout import replay_cases
+from pytest_rlkernel_matrix.workload.rollout.sampling import FIXED_POINT, _fixed
 
 SAMPLING, WEIGHT_SYNC = FACTOR_SAMPLING, FACTOR_WEIGHT_SYNC
 

@@ -43,21 +43,38 @@ from pytest_rlkernel_matrix.workload.env import (
     intra_op_threads,
     resolve_route,
 )
-
-from . import budget, native, rl
-from . import graphs as graphs_mod
-from .artifacts import Rollout, emit_step, write_json, write_probes, write_sidecar
-from .autograd import BACKWARD_METHODS
-from .factors import Factors, processed_selected
-from .graphs import DecodeRunner
-from .kernels import (
+from pytest_rlkernel_matrix.workload.evidence.artifacts import (
+    Rollout,
+    emit_step,
+    write_json,
+    write_probes,
+    write_sidecar,
+)
+from pytest_rlkernel_matrix.workload.evidence.probe import PERTURB_FACTOR, ProbeRequest
+from pytest_rlkernel_matrix.workload.evidence.profiling import (
+    STEP_TIMING,
+    ProfileRequest,
+    instrument,
+)
+from pytest_rlkernel_matrix.workload.evidence.upstream import (
+    manifest_fields,
+    native_training_logp,
+    readback,
+    route_lines,
+    write_readbacks,
+    write_weight_audits,
+)
+from pytest_rlkernel_matrix.workload.factors import Factors, processed_selected
+from pytest_rlkernel_matrix.workload.kernels.p import native
+from pytest_rlkernel_matrix.workload.kernels.r.autograd import BACKWARD_METHODS
+from pytest_rlkernel_matrix.workload.kernels.side import (
     MODULES,
     SideKernels,
     Tiling,
     r_backend,
     runtime_platform,
 )
-from .model import (
+from pytest_rlkernel_matrix.workload.model import (
     PRESETS,
     ModelConfig,
     Qwen3,
@@ -66,7 +83,7 @@ from .model import (
     load_checkpoint,
     shard_weights,
 )
-from .parallel import (
+from pytest_rlkernel_matrix.workload.parallel import (
     Grid,
     LaunchError,
     init_grid,
@@ -75,17 +92,15 @@ from .parallel import (
     shutdown,
     zigzag_index,
 )
-from .probe import PERTURB_FACTOR, ProbeRequest
-from .profiling import STEP_TIMING, ProfileRequest, instrument
-from .sampling import FAST_PATHS, finish, sample_top_p, sampler_mode
-from .upstream import (
-    manifest_fields,
-    native_training_logp,
-    readback,
-    route_lines,
-    write_readbacks,
-    write_weight_audits,
+from pytest_rlkernel_matrix.workload.rollout import graphs as graphs_mod
+from pytest_rlkernel_matrix.workload.rollout.graphs import DecodeRunner
+from pytest_rlkernel_matrix.workload.rollout.sampling import (
+    FAST_PATHS,
+    finish,
+    sample_top_p,
+    sampler_mode,
 )
+from pytest_rlkernel_matrix.workload.training import budget, rl
 
 __all__ = ["Rollout", "native_training_logp", "readback", "run_rollout", "run_training",
            "write_json", "write_readbacks", "write_sidecar"]
@@ -296,7 +311,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--micro-batch-size", type=int, default=None,
                     help="samples per training micro-batch (default: chosen by tokens and "
-                    "memory, workload/budget.py; a size that cannot fit is an error up front)")
+                    "memory, workload/training/budget.py; a size that cannot fit is an error "
+                    "up front)")
     ap.add_argument("--tp", type=int, default=None,
                     help="tensor-parallel size (default: RL_KERNEL_MATRIX_TP from the plugin, "
                     "else 1)")

@@ -4,7 +4,7 @@ One readable file: RMSNorm, RoPE, grouped-query attention with q/k RMSNorm, SwiG
 untied LM head. The weights live in a flat ``dict`` keyed by Hugging Face Qwen3 names
 (``model.layers.0.self_attn.q_proj.weight``...), so a checkpoint directory loads as-is and the
 rollout engine can hold its own copy of the same dict. The math of each module is not here: the
-forward takes a per-side ``kernels`` object (see ``kernels.py``) that picks the P or R
+forward takes a per-side ``kernels`` object (see ``kernels/``) that picks the P or R
 implementation of attention, FFN and selected-token logp.
 
 Tensor parallelism is a view of the same dict: ``shard_weights`` cuts it Megatron-style
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .kernels import SideKernels
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
 from pytest_rlkernel_matrix.workload.weights import AttnInputs, KVCache, LayerWeights
 
 

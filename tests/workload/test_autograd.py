@@ -1,4 +1,5 @@
-"""The Triton R forward's backward (``workload/autograd.py``): fast forward, then the Triton
+"""The Triton R forward's backward (``workload/kernels/r/autograd.py``): fast forward, then the
+Triton
 backward kernels (the default) or the native recompute.
 
 CPU (always): the generic ``Op`` over the torch R path's own primitives as the fast functions:
@@ -25,10 +26,10 @@ import torch
 from torch import Tensor
 from triton_env import CUDA, DEV, DT, HAS_TRITON, INTERPRET, needs_kernels
 
-from pytest_rlkernel_matrix.workload import autograd as ag
 from pytest_rlkernel_matrix.workload import env as wenv
-from pytest_rlkernel_matrix.workload import kernels as kn
-from pytest_rlkernel_matrix.workload import rl
+from pytest_rlkernel_matrix.workload.kernels import base as kn
+from pytest_rlkernel_matrix.workload.kernels.r import autograd as ag
+from pytest_rlkernel_matrix.workload.training import rl
 
 ROOT = Path(__file__).resolve().parents[2]
 rl.prepare_deterministic(DEV)  # before the first cuBLAS call: deterministic cuBLAS
@@ -267,7 +268,7 @@ TRITON_OPS = ["rmsnorm", "matmul", "qk_norm_rope", "qk_norm_rope_probe", "swiglu
 def test_triton_op_forward_bits_reference_close_backward_run_to_run(name: str) -> None:
     """Each wrapped Triton op: the forward is the kernel's bits; the reference expression its
     backward recomputes is the kernel's math (close); the gradients repeat bit for bit."""
-    from pytest_rlkernel_matrix.workload import triton_kernels as tk
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels as tk
 
     args, kw = _triton_cases()[name]
     op_name = name.removesuffix("_probe")
@@ -293,9 +294,9 @@ def _learn(backend: str, impl: str, learn: bool, opt_step: bool = False,
     """One training pass (``learn``: with the GRPO loss and backward, then optionally one
     AdamW step) of a fixed batch at temperature 0.7; returns the logprobs, the gradients and
     the weights."""
-    from pytest_rlkernel_matrix.workload.artifacts import Rollout
+    from pytest_rlkernel_matrix.workload.evidence.artifacts import Rollout
     from pytest_rlkernel_matrix.workload.job import run_training
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 
     cfg = PRESETS["small" if CUDA else "tiny"]

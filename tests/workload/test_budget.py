@@ -1,4 +1,5 @@
-"""The micro-batch by tokens and memory (workload/budget.py), and the error before any work."""
+"""The micro-batch by tokens and memory (workload/training/budget.py), and the error before any
+work."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload import budget, job
+from pytest_rlkernel_matrix.workload import job
 from pytest_rlkernel_matrix.workload.env import UsageError
 from pytest_rlkernel_matrix.workload.model import PRESETS, init_weights
 from pytest_rlkernel_matrix.workload.parallel import Grid
+from pytest_rlkernel_matrix.workload.training import budget
 
 QWEN = PRESETS["qwen3-0.6b"]
 H200 = int(141e9 * budget.USABLE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload.graphs import bucket_sizes, graph_mode_name
+from pytest_rlkernel_matrix.workload.rollout.graphs import bucket_sizes, graph_mode_name
 
 
 def test_bucket_sizes_largest_first_powers_of_two_down_to_16() -> None:
@@ -26,7 +26,7 @@ def test_runner_rollout_with_the_samplers_first_round_is_the_plain_rollout() -> 
     that finished stay in a bucket until the next one fits). Its rollout is the plain
     rollout bit for bit on the R path: the same tokens, the same log-probs."""
     from pytest_rlkernel_matrix.workload.job import run_rollout
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 
     cfg = PRESETS["tiny"]
@@ -54,10 +54,10 @@ def test_gpu_sampler_rounds_inside_the_graph_change_no_token() -> None:
     """R on the GPU (batch-invariant Triton kernels): eager decode, graphs with the sampler
     after them, and graphs holding its rounds 0-1 give the same tokens and log-probs, bit for
     bit, over shrinking buckets; the manifest line says where the rounds ran."""
-    from pytest_rlkernel_matrix.workload import graphs, sampling
     from pytest_rlkernel_matrix.workload.job import run_rollout
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+    from pytest_rlkernel_matrix.workload.rollout import graphs, sampling
 
     dev = torch.device("cuda")
     cfg = PRESETS["small"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload.kernels import (
+from pytest_rlkernel_matrix.workload.kernels.side import (
     SideKernels,
     Tiling,
     r_core_attention,

@@ -1,4 +1,5 @@
-"""P's rollout decode as vLLM runs it (``workload/native.py``): the compiled functions compute
+"""P's rollout decode as vLLM runs it (``workload/kernels/p/native.py``): the compiled functions
+compute
 the eager P path's math, the decode span only cuts keys the mask hides, and on a GPU Inductor
 compiles them and the decode graphs replay them."""
 
@@ -7,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload import native
 from pytest_rlkernel_matrix.workload.job import run_rollout
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.kernels.p import native
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 
 ALL_P = dict.fromkeys(("attention", "ffn", "logp"), "production")
@@ -77,7 +78,7 @@ def test_cpu_rollout_reports_the_decode_as_eager(monkeypatch: pytest.MonkeyPatch
 def test_cpu_span_buckets_rollout_matches_whole_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A P rollout with span buckets (the runner's eager steps on the CPU) samples the tokens
     the whole-cache rollout samples, with log-probs equal to fp32 rounding."""
-    from pytest_rlkernel_matrix.workload import graphs
+    from pytest_rlkernel_matrix.workload.rollout import graphs
 
     model, k, _, _, _ = _setup(torch.device("cpu"), torch.float32)
     gen = torch.Generator().manual_seed(1)
@@ -103,7 +104,7 @@ def test_gpu_compiled_decode_close_to_eager_and_graphed(monkeypatch: pytest.Monk
     """Inductor compiles the three functions; compiled log-probs are close to eager P's (bf16
     fusion changes roundings, as in production); a graphed P rollout runs them, span buckets
     included, and reports graph mode."""
-    from pytest_rlkernel_matrix.workload import graphs
+    from pytest_rlkernel_matrix.workload.rollout import graphs
 
     dev = torch.device("cuda")
     model, k, caches, nxt, lengths = _setup(dev, torch.bfloat16, span=96)

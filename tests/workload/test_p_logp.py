@@ -1,12 +1,13 @@
-"""P's chunked training log-probabilities (workload/p_logp.py) against today's unchunked P."""
+"""P's chunked training log-probabilities (workload/kernels/p/p_logp.py) against today's unchunked
+P."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload import native, p_logp
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.kernels.p import native, p_logp
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 
 ALL_P = {"attention": "production", "ffn": "production", "logp": "production"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload.kernels import Tiling, r_core_attention
+from pytest_rlkernel_matrix.workload.kernels.side import Tiling, r_core_attention
 
 DEV = torch.device("cpu")
 HQ, HKV, D = 4, 2, 32
@@ -81,7 +81,7 @@ def test_rr_training_equals_rollout_at_every_micro_batch_and_order() -> None:
     """The whole R model: rollout (batched prefill, ragged shrinking decode) and training at
     micro-batch 1, 2 and 5, in two orders, give the same selected logprobs bit for bit."""
     from pytest_rlkernel_matrix.workload.job import run_rollout, run_training
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
     from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 
     cfg = PRESETS["tiny"]

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_rlkernel_matrix.workload import replay_cases
 from pytest_rlkernel_matrix.workload.env import UsageError
 from pytest_rlkernel_matrix.workload.factors import Factors
 from pytest_rlkernel_matrix.workload.job import run_rollout
-from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
 from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
+from pytest_rlkernel_matrix.workload.rollout import replay_cases
 
 CFG = PRESETS["tiny"]
 

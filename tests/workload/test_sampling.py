@@ -1,4 +1,4 @@
-"""The sort-free nucleus sampler against the sort-based rule (workload/sampling.py)."""
+"""The sort-free nucleus sampler against the sort-based rule (workload/rollout/sampling.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_rlkernel_matrix.workload import sampling  # noqa: E402
+from pytest_rlkernel_matrix.workload.rollout import sampling  # noqa: E402
 
 
 def _rows(seed: int, b: int, v: int, scale: float = 2.0) -> torch.Tensor:

@@ -135,7 +135,7 @@ def test_adamw_is_torchs_update_bit_for_bit() -> None:
     torch.optim.AdamW(foreach=False) over three steps: the same bits."""
     import torch
 
-    from pytest_rlkernel_matrix.workload import rl
+    from pytest_rlkernel_matrix.workload.training import rl
 
     g = torch.Generator().manual_seed(0)
     ours = [torch.randn(7, 5, generator=g), torch.randn(3, generator=g)]

@@ -1,4 +1,4 @@
-"""The deterministic Triton backward kernels (``workload/triton_backward.py``).
+"""The deterministic Triton backward kernels (``workload/kernels/r/triton_backward.py``).
 
 Each kernel against torch autograd of the op's reference expression (``autograd.ref_*``, fp32),
 within a stated tolerance: on a GPU (bf16 operands at qwen3-0.6b's widths) ``TOL_BF16`` for a
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from triton_env import CUDA, DEV, DT, HAS_TRITON, INTERPRET, needs_kernels, same
 
-from pytest_rlkernel_matrix.workload import autograd as ag
+from pytest_rlkernel_matrix.workload.kernels.r import autograd as ag
 
 TOL_BF16 = 2e-2 if CUDA else 1e-5  # bf16 outputs or bf16 products (bf16 rounding: 4e-3)
 TOL_F32 = 1e-4 if CUDA else 1e-5  # fp32 math on the same inputs
@@ -33,7 +33,7 @@ M = 300 if CUDA else 11
 
 def tb() -> ModuleType:
     """The module, imported late so the interpreter setting is read first."""
-    from pytest_rlkernel_matrix.workload import triton_backward
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_backward
 
     return triton_backward
 
@@ -107,7 +107,7 @@ def _cases() -> dict[str, Callable[[], tuple[list[Tensor], list[Tensor], list[fl
 
     def attention(b: int, t: int, s: int, offset: int) -> Callable[[], tuple]:
         def run() -> tuple:
-            from pytest_rlkernel_matrix.workload import triton_kernels as tk
+            from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels as tk
 
             q, k, v, pos = _attn_inputs(b, t, s, offset)
             o = tk.attention(q, k, v, pos)
@@ -159,7 +159,7 @@ def test_triton_backward_matches_torch_autograd_and_repeats(name: str) -> None:
 def test_triton_backward_rows_batch_invariant() -> None:
     """A row's gradient does not depend on which rows are batched with it: the rows of a
     sub-batch equal the full batch's (weight gradients, sums over the batch, excepted)."""
-    from pytest_rlkernel_matrix.workload import triton_kernels as tk
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels as tk
 
     x, w = rnd(M, H, seed=1), rnd(H, seed=2, scale=0.1) + 1
     gy = rnd(M, H, seed=3)
@@ -204,7 +204,7 @@ def test_weight_gradient_over_padded_tokens_is_the_unpadded_bits() -> None:
     """``dW = g^T A`` over a token count that is not a multiple of 16 or of ``BLOCK_K``: the
     tokens axis padded with zeros (aligned rows, an unmasked K loop, issue 55) gives the bits of
     the product over the unpadded, masked operands, whatever the count."""
-    from pytest_rlkernel_matrix.workload import triton_kernels as tk
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels as tk
 
     unit = tk.matmul_config(DT, bool(torch.version.hip)).block_k
     w = rnd(INTER, H, seed=2, scale=0.05)
@@ -220,7 +220,7 @@ def test_weight_gradient_over_padded_tokens_is_the_unpadded_bits() -> None:
 
 def test_backward_kernels_hold_no_atomics() -> None:
     src = (Path(__file__).resolve().parents[2] / "pytest_rlkernel_matrix" / "workload" /
-           "triton_backward.py").read_text()
+           "kernels" / "r" / "triton_backward.py").read_text()
     assert "tl.atomic" not in src and "atomic_" not in src  # tl.atomic_add, atomic_cas, ...
 
 

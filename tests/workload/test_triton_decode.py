@@ -1,4 +1,5 @@
-"""P's Triton decode attention (``workload/triton_decode.py``): each row's softmax over its own
+"""P's Triton decode attention (``workload/kernels/p/triton_decode.py``): each row's softmax over
+its own
 keys of the token-major cache, every query head of a KV head in one tile, any key split.
 
 On a GPU the kernel runs in bf16 at qwen3-0.6b's head layout; on a CPU with triton installed
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from triton_env import CUDA, DEV, DT, HAS_TRITON, INTERPRET, needs_kernels
 
-from pytest_rlkernel_matrix.workload import native, triton_decode
+from pytest_rlkernel_matrix.workload.kernels.p import native, triton_decode
 
 TOL = 2e-2 if CUDA else 1e-5  # bf16 output against fp32 math; fp32 in the interpreter
 # GPU: qwen3-0.6b's heads (16 query, 8 KV, 128 wide); interpreter: small, 3 query heads per KV.

@@ -1,4 +1,4 @@
-"""Batch invariance and accuracy of the Triton R kernels (``workload/triton_kernels.py``).
+"""Batch invariance and accuracy of the Triton R kernels (``workload/kernels/r/triton_kernels.py``).
 
 On a GPU: bf16 at qwen3-0.6b-like shapes. Without one, the same tests run under Triton's CPU
 interpreter (fp32, small shapes) when ``TRITON_INTERPRET=1`` is set and triton is installed
@@ -23,7 +23,7 @@ SHAPE = (1024, 16, 8, 128, 3072, 151936) if CUDA else (64, 4, 2, 16, 96, 300)
 
 def tk() -> ModuleType:
     """The kernels module, imported late so the interpreter setting is read first."""
-    from pytest_rlkernel_matrix.workload import triton_kernels
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels
 
     return triton_kernels
 
@@ -146,11 +146,11 @@ def test_qk_norm_rope_probe_outputs_and_drill() -> None:
 def _probed_model_run(perturb: tuple[str, str] | None) -> dict[str, dict]:
     """R via Triton on both sides, with probe taps: rollout (prefill + decode) then the training
     recompute; each side's records ``{(sample, logit position): {operator: tensor}}``."""
+    from pytest_rlkernel_matrix.workload.evidence.probe import ProbeRequest
     from pytest_rlkernel_matrix.workload.job import run_rollout, run_training
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
     from pytest_rlkernel_matrix.workload.parallel import Group
-    from pytest_rlkernel_matrix.workload.probe import ProbeRequest
 
     cfg = PRESETS["small" if CUDA else "tiny"]
     w = init_weights(cfg, 0, DT, DEV)
@@ -181,8 +181,8 @@ def test_probe_taps_every_operator_on_the_triton_path() -> None:
     """Every operator of the probe format is tapped on the Triton R path, with the same shapes
     and, on a GPU, the same bits on rollout and training (R/R). The drill on a fused operator
     (q_norm) and on down_proj changes exactly that operator first, by the drill's factor."""
+    from pytest_rlkernel_matrix.workload.evidence.probe import PERTURB_FACTOR, operator_names
     from pytest_rlkernel_matrix.workload.model import PRESETS
-    from pytest_rlkernel_matrix.workload.probe import PERTURB_FACTOR, operator_names
 
     ops = [*operator_names(PRESETS["small" if CUDA else "tiny"].num_hidden_layers),
            "log_softmax"]
@@ -277,7 +277,7 @@ def test_model_rollout_equals_training_bitwise(graphs: bool) -> None:
     """R via Triton: rollout (prefill + shrinking decode, eager or graphed) logprobs equal the
     training recompute over other micro-batches, bit for bit; graphs don't change the bits."""
     from pytest_rlkernel_matrix.workload.job import run_rollout, run_training
-    from pytest_rlkernel_matrix.workload.kernels import SideKernels, Tiling
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels, Tiling
     from pytest_rlkernel_matrix.workload.model import PRESETS, Qwen3, init_weights
 
     cfg = PRESETS["small"]

@@ -5,7 +5,7 @@
 #   steps: issue 36's qwen3-0.6b 20-step claims matrix (docs/examples/h200-steps-matrix.toml,
 #          run twice), then the profile runs of attention R/R and P/P (one process per cell).
 # A stage stopped with SIGINT at its timeout keeps what ran in its report. Usage:
-#   bash scripts/h200_wave10.sh perf|steps
+#   bash scripts/gpu-perf-row-and-steps.sh perf|steps
 set -u
 . "$(dirname "$0")/device_env.sh"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; } 2>&1 \

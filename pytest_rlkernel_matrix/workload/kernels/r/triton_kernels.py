@@ -1,6 +1,6 @@
 """Batch-invariant R kernels in Triton (CUDA and ROCm from one source).
 
-The CPU R path (``kernels.py``: fp32 torch ops over fixed row tiles) stays as it is; on a GPU the
+The CPU R path (``kernels/``: fp32 torch ops over fixed row tiles) stays as it is; on a GPU the
 R modules run these kernels instead. Each one computes an output row with an arithmetic that
 depends only on that row's own data and on compile-time constants, never on how many rows are
 in the batch, where the row sits in it, or whether it comes from training, prefill or decode:

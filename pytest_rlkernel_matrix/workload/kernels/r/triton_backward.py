@@ -34,7 +34,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import triton_kernels as fwd
+from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels as fwd
 
 triton, tl = fwd.triton, fwd.tl
 

@@ -38,8 +38,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .env import UsageError
-from .model import ModelConfig, weight_names
+from pytest_rlkernel_matrix.workload.env import UsageError
+from pytest_rlkernel_matrix.workload.model import ModelConfig, weight_names
 
 MICRO_BATCH_TOKENS = {"tiny": 320, "small": 576, "qwen3-0.6b": 8448}
 
@@ -114,7 +114,9 @@ def estimate(cfg: ModelConfig, dtype_bytes: int, n_prompts: int, max_seq: int,
     head = 4 * vocab if r_training else 0  # R (Triton) keeps each row's fp32 logits
     per_token = -(-(cfg.num_hidden_layers * layer + 4 * h + head) // cp)
     if not r_training:  # P: ~5.5 fp32 chunks of the chunked logp (p_logp.py), at most a chunk
-        from .p_logp import CHUNK_ELEMENTS  # of p_logp.CHUNK_ELEMENTS or every token
+        from pytest_rlkernel_matrix.workload.kernels.p.p_logp import (
+            CHUNK_ELEMENTS,  # of p_logp.CHUNK_ELEMENTS or every token
+        )
 
         fixed += 6 * 4 * min(CHUNK_ELEMENTS, vocab * max_seq * n_prompts)
     return Estimate(fixed, kv, per_token)

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .native import megatron_log_softmax
+from pytest_rlkernel_matrix.workload.kernels.p.native import megatron_log_softmax
 
 # fp32 logits elements per chunk (2**27: 512 MiB per fp32 [rows, vocab] temporary; the backward's
 # recompute holds about 5.5 of them at its peak, benchmarks/bench_p_logp_memory.py); the row

@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .env import run_nonce
+from pytest_rlkernel_matrix.workload.env import run_nonce
 
 if TYPE_CHECKING:
-    from .env import FaultDrill
-    from .kernels import SideKernels
+    from pytest_rlkernel_matrix.workload.env import FaultDrill
+    from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
 
 def prepare_deterministic(device: torch.device) -> None:
     """Before the first cuBLAS call: the workspace setting deterministic cuBLAS needs."""

@@ -14,6 +14,6 @@ echo "[perf-row] exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/perf-row.log"
 grep -E "^(h200|verdicts|claims|profile)|performance:|profile," "$OUT/perf-row.log" | cut -c1-900
 cp /tmp/m-perf/matrix-report.json "$OUT/perf-matrix-report.json" 2>/dev/null
 cp /tmp/m-perf/matrix-report.html "$OUT/perf-matrix-report.html" 2>/dev/null
-STAGES=quick20 bash scripts/h200_i36.sh quick20 > /dev/null 2>&1
+STAGES=quick20 bash scripts/gpu-r-backward.sh quick20 > /dev/null 2>&1
 cat "$OUT/quick20.log"
 date -u

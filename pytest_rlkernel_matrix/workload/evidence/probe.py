@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .env import SIDES, UsageError
-from .parallel import Group, fixed_order_sum
+from pytest_rlkernel_matrix.workload.env import SIDES, UsageError
+from pytest_rlkernel_matrix.workload.parallel import Group, fixed_order_sum
 
 PROBE_SCHEMA = "rlk.operator_probe.v1"
 PERTURB_FACTOR = 1.0 + 2.0 ** -7

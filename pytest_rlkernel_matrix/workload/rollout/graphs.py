@@ -30,10 +30,10 @@ import os
 import torch
 from torch import Tensor
 
-from . import sampling
-from .kernels import SideKernels
-from .model import Qwen3
-from .weights import KVCache
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
+from pytest_rlkernel_matrix.workload.model import Qwen3
+from pytest_rlkernel_matrix.workload.rollout import sampling
+from pytest_rlkernel_matrix.workload.weights import KVCache
 
 MIN_BUCKET = 16
 # The sampler's rounds 0 and 1 inside the decode graph (RLK_REF_SAMPLER_IN_GRAPH=0: after it).

@@ -4,7 +4,7 @@
 # docs/examples/h200-probe-lite.toml with --rlk-probe. Under $OUT (8 files, flat): env.log,
 # tests.log, matrix.log, matrix-report.json, matrix-report.html, preflight.json,
 # pr-localisation.json and pr-probe-run.log (the P/R probe run's log tail).
-# Usage: scripts/h200_probe.sh [stages]   stages: any of tests,matrix (default: tests,matrix).
+# Usage: scripts/gpu-probe.sh [stages]   stages: any of tests,matrix (default: tests,matrix).
 # PROBE_MATRIX / PROBE_HARDWARE run another matrix (e.g. a cpu-backend variant as a CPU check).
 set -u
 STAGES=${1:-tests,matrix}

@@ -5,11 +5,11 @@
 # (benchmarks/bench_drill_ratio.py: the all-R cell's processes with factors 1, 1.5 and 4,
 # interleaved). One device call per stage (each under the 600 s a call may run), in this order
 # on one warm machine (the compile caches live in ./.device/, kept between calls while warm):
-#   bash scripts/h200_perf_drill.sh warm     # fills the inductor/triton caches (R/R and P/P)
-#   bash scripts/h200_perf_drill.sh truth    # the drill's true ratio per factor
-#   bash scripts/h200_perf_drill.sh a        # no drill
-#   bash scripts/h200_perf_drill.sh b        # slow:ffn:rollout:1.5
-#   bash scripts/h200_perf_drill.sh c        # slow:ffn:rollout:4
+#   bash scripts/gpu-perf-drill.sh warm     # fills the inductor/triton caches (R/R and P/P)
+#   bash scripts/gpu-perf-drill.sh truth    # the drill's true ratio per factor
+#   bash scripts/gpu-perf-drill.sh a        # no drill
+#   bash scripts/gpu-perf-drill.sh b        # slow:ffn:rollout:1.5
+#   bash scripts/gpu-perf-drill.sh c        # slow:ffn:rollout:4
 # Every process of a session shares the caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, the
 # FX graph and autograd caches), so a process after the first costs little more than its steps;
 # no profile or probe run is asked for (--rlk-profile / --rlk-probe off), so no debug work runs

@@ -34,6 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# The workload's fast paths: the sampler (both sides, rollout/sampling.py) and P's fused CUDA
+# paths (kernels/). RLK_REF_FAST=0 keeps the earlier ones, so benchmarks/step_compare.py
+# measures both side by side.
+FAST_PATHS = os.environ.get("RLK_REF_FAST", "1") != "0"
 COMPILE = os.environ.get("RLK_REF_P_COMPILE", "1") != "0"
 # What the P rollout decode ran: "inductor" once a compiled function ran, "eager" with a reason.
 STATUS: dict[str, str] = {}
@@ -124,7 +128,7 @@ def decode_route(q: Tensor) -> str:
     trial = (q.new_zeros(2, 1, q.shape[-1]), z, z, torch.zeros(2, 1, device=q.device))
     refused = []
     if DECODE_ATTN == "triton":
-        from . import triton_decode
+        from pytest_rlkernel_matrix.workload.kernels.p import triton_decode
 
         why = "" if triton_decode.available(q.device) else "triton not importable"
         if not why:
@@ -160,7 +164,7 @@ def decode_attention(route: str, q: Tensor, cache: Any, positions: Tensor) -> Te
     """P's decode attention by ``route`` (``decode_route``): ``q [B, Hq, D]`` against the KV
     ``cache`` (``.k``/``.v`` ``[B, cap, Hkv, D]``), row ``i`` over its keys ``0..positions[i]``."""
     if route == "triton":
-        from . import triton_decode
+        from pytest_rlkernel_matrix.workload.kernels.p import triton_decode
 
         return triton_decode.decode_attention(q, cache.k, cache.v, positions)
     return flash_decode(q, cache.k, cache.v, positions)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .env import SIDES, FaultDrill, UsageError
+from pytest_rlkernel_matrix.workload.env import SIDES, FaultDrill, UsageError
 
 PROFILE_ENV = "RL_KERNEL_PROFILE"
 PROFILE_DIR_ENV = "RL_KERNEL_PROFILE_DIR"

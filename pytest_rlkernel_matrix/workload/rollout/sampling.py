@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# The workload's fast paths: this sampler (both sides) and P's fused CUDA paths (kernels.py).
-# RLK_REF_FAST=0 keeps the earlier ones, so benchmarks/step_compare.py measures both side by side.
-FAST_PATHS = os.environ.get("RLK_REF_FAST", "1") != "0"
+# The workload's fast paths (RLK_REF_FAST): this sampler (both sides) and P's fused CUDA paths;
+# read once, in kernels/p/native.py (kernels import no rollout module).
+from pytest_rlkernel_matrix.workload.kernels.p.native import FAST_PATHS as FAST_PATHS
 
 MAX_ROUNDS = 64  # after as many rejections the row takes its most probable token (in the nucleus)
 
@@ -89,7 +89,8 @@ def _pass(fn: Any, probs: Tensor) -> Any:
     """``fn`` compiled on CUDA (dynamic batch), else eager; eager for good if compiling fails."""
     if not (COMPILE and probs.is_cuda):
         return fn
-    from .native import compiled  # torch.compile wrapper shared with P's decode math
+    # torch.compile wrapper shared with P's decode math
+    from pytest_rlkernel_matrix.workload.kernels.p.native import compiled
 
     return compiled(fn, (0, 1), STATUS)
 

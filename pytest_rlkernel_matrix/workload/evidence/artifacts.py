@@ -16,11 +16,10 @@ import torch
 from torch import Tensor
 
 from pytest_rlkernel_matrix.workload.env import SIDES, Env
-
-from .kernels import SideKernels
-from .parallel import Grid, zigzag_response_offsets
-from .probe import ProbeRequest, operator_names, write_index
-from .upstream import sidecar_marker, step_lines, write_json
+from pytest_rlkernel_matrix.workload.evidence.probe import ProbeRequest, operator_names, write_index
+from pytest_rlkernel_matrix.workload.evidence.upstream import sidecar_marker, step_lines, write_json
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
+from pytest_rlkernel_matrix.workload.parallel import Grid, zigzag_response_offsets
 
 __all__ = ["Rollout", "emit_step", "write_json", "write_probes", "write_sidecar"]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for this wave's H200 examples (issues 21-24), each stage's log under $OUT and
 # each matrix root's small artifacts (no .pt sidecars) as one tar.gz.
-# Usage: scripts/h200_wave4.sh [stages]; stages: any of tests,compare,profile,probe,example,steps,factors.
+# Usage: scripts/gpu-examples.sh [stages]; stages: any of tests,compare,profile,probe,example,steps,factors.
 set -u
 STAGES=${1:-tests,compare,probe}
 . "$(dirname "$0")/device_env.sh"

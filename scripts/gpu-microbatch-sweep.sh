@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 55 on one GPU (one device call per stage list): R's training cost per token against the
 # micro-batch, per kernel, and probes of the suspects; the long-length decode's kernels; the
-# issue's table. Each stage's full log under $OUT. Usage: scripts/h200_i55.sh [stages]
+# issue's table. Each stage's full log under $OUT. Usage: scripts/gpu-microbatch-sweep.sh [stages]
 # stages: any of sweep,before,probe,decode,tests,lengths (default: sweep,before,lengths).
 # The device tool runs the session's main checkout: merge first.
 #
@@ -9,7 +9,7 @@
 # 280 s = 530 s (the 2026-12-06 H100 call: the sweep and the before finished inside 140 s and
 # 110 s; bench_lengths at 160 and 1,024 new tokens took 205 s of process wall time, and 4,096 did
 # not fit after them). So the lengths stage runs 160 and 1,024 by default; 4,096 goes in a call
-# of its own:   LENGTHS=4096:32 scripts/h200_i55.sh lengths
+# of its own:   LENGTHS=4096:32 scripts/gpu-microbatch-sweep.sh lengths
 # Environment: LENGTHS (new:prompts,...), SWEEP_TIMEOUT, BEFORE_TIMEOUT, LENGTHS_TIMEOUT,
 # TESTS_TIMEOUT (seconds), SIZES, KERNELS, TOKENS, ROUNDS, STEPS. A warning is printed when the
 # chosen stages' timeouts add up to more than 560 s.
@@ -26,7 +26,7 @@ budget=0
 [[ $STAGES == *tests* ]] && budget=$((budget + TESTS_TIMEOUT))
 [[ $STAGES == *lengths* ]] && budget=$((budget + LENGTHS_TIMEOUT))
 if ((budget > 560)); then
-  echo "[h200_i55] warning: the stages' timeouts add up to ${budget} s, over 560 s: one 600 s" \
+  echo "[gpu-microbatch-sweep] warning: the stages' timeouts add up to ${budget} s, over 560 s: one 600 s" \
     "device call may end before the last stage does; split the stages over calls" >&2
 fi
 . "$(dirname "$0")/device_env.sh"

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .native import rotate_half as _rotate_half
+from pytest_rlkernel_matrix.workload.kernels.p.native import rotate_half as _rotate_half
 
 BACKWARD_METHODS = {  # the manifest's learning.backward_kernels, per env.backward_mode()
     "triton": "Triton forward; deterministic Triton backward kernels (workload/triton_backward.py: "
@@ -225,7 +225,7 @@ def ref_selected_logp(z: Tensor, targets: Tensor) -> Tensor:
 
 
 def _tb() -> ModuleType:
-    from . import triton_backward
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_backward
 
     return triton_backward
 
@@ -319,6 +319,6 @@ def triton_ops(mode: str | None = None) -> Ops:
 
 @functools.cache
 def _ops(mode: str) -> Ops:
-    from . import triton_kernels
+    from pytest_rlkernel_matrix.workload.kernels.r import triton_kernels
 
     return Ops(triton_kernels, mode)

@@ -2,7 +2,7 @@
 # Issue 36 on one H200 (one device call): the R backward's GPU tests, the per-module training
 # profile (P, R with the Triton backward, R with the native recompute), the all-R vs all-P step
 # in interleaved processes, and the 20-step run-to-run claims matrix. Each stage's log under $OUT.
-# Usage: scripts/h200_i36.sh [stages]; stages: any of tests,profile,compare,steps,quick20
+# Usage: scripts/gpu-r-backward.sh [stages]; stages: any of tests,profile,compare,steps,quick20
 # (quick20: the small preset's 20 steps twice, in parallel, judged by judge/steps.py).
 set -u
 STAGES=${1:-tests,profile,compare}

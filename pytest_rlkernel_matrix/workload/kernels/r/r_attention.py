@@ -1,9 +1,10 @@
 """R's core attention on the torch path (CPU, and the GPU's multi-rank cells): causal, fp32,
 the same bits for a query row in training, prefill and decode, whatever the batch.
 
-Moved out of ``kernels.py`` (which re-exports it). Issue 46 tried a walk of the key axis in
-fixed blocks up to the keys in use; it broke R/R bitwise in the real-vLLM engines job
-(tests/test_engines.py) and was withdrawn: every chunk runs over the whole key span again.
+Its dispatch is ``kernels/attention.py`` (``kernels/side.py`` re-exports it). Issue 46 tried a
+walk of the key axis in fixed blocks up to the keys in use; it broke R/R bitwise in the real-vLLM
+engines job (tests/test_engines.py) and was withdrawn: every chunk runs over the whole key span
+again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .weights import Tiling
+from pytest_rlkernel_matrix.workload.weights import Tiling
 
 
 def r_core_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, tiling: Tiling) -> Tensor:

@@ -18,10 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .env import SIDES, Env, Route
-from .identity import R_BACKEND_IDS, R_BACKEND_PREFIX, R_CONTRACT_VERSION
-from .kernels import SideKernels
-from .parallel import Grid
+from pytest_rlkernel_matrix.workload.env import SIDES, Env, Route
+from pytest_rlkernel_matrix.workload.kernels.r.identity import (
+    R_BACKEND_IDS,
+    R_BACKEND_PREFIX,
+    R_CONTRACT_VERSION,
+)
+from pytest_rlkernel_matrix.workload.kernels.side import SideKernels
+from pytest_rlkernel_matrix.workload.parallel import Grid
 
 TRAINING_SCOPE = "all_exported_parameters"
 ROLLOUT_SCOPE = "rollout_loaded_parameters"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the Triton R kernel tests, the kernel benchmark and the all-R vs all-P step
-# comparison (issue 14), each stage's full log under $OUT. Usage: scripts/h200_r_kernels.sh [stages]
+# comparison (issue 14), each stage's full log under $OUT. Usage: scripts/gpu-r-kernels.sh [stages]
 # stages: any of tests,bench,sweep,profile,compare,matrix (default: tests,bench,compare).
 set -u
 STAGES=${1:-tests,bench,compare}
